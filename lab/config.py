@@ -1,0 +1,285 @@
+"""Experiment files: YAML validated with pydantic into an :class:`Experiment`.
+
+Every field is documented in docs/experiments.md. Unknown fields are errors (a typo never passes silently), and
+an error message names the file, the field path and what was expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from lab.paths import default_data_dir, expand_path
+
+
+class ConfigError(ValueError):
+    """An experiment file is missing, not YAML, or fails validation."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LengthSpec(_Strict):
+    """A token-length distribution (see lab/workload/synthetic.py)."""
+
+    kind: Literal["constant", "uniform", "lognormal", "normal", "exponential"] = "lognormal"
+    value: float = Field(0, ge=0)
+    low: float = Field(1, ge=1)
+    high: float = Field(1, ge=1)
+    median: float = Field(512, gt=0)
+    sigma: float = Field(0.8, ge=0)
+    mean: float = Field(512, gt=0)
+    std: float = Field(128, ge=0)
+    min: int = Field(1, ge=1)
+    max: int = Field(32768, ge=1)
+
+
+class ArrivalOverride(_Strict):
+    """Arrival times taken row by row from a CSV column (e.g. a measured run's ``arrival_rel_s``)."""
+
+    path: str
+    column: str = "arrival_rel_s"
+
+
+class WorkloadConfig(_Strict):
+    """Which requests arrive when.
+
+    ``source`` picks the loader: ``synthetic`` (seeded generator), ``azure`` (Azure LLM inference 2023 CSV),
+    ``mooncake`` (Mooncake JSONL with prefix hash_ids), ``llmservingsim`` (LLMServingSim workload JSONL with token
+    ids) or ``csv`` (arrival_time_s, prompt_tokens, output_tokens).
+    """
+
+    source: Literal["synthetic", "azure", "mooncake", "llmservingsim", "csv"] = "synthetic"
+    path: str | None = None
+    num_requests: int = Field(500, ge=1)
+    rate: float = Field(5.0, gt=0, description="requests per second (synthetic)")
+    cv: float = Field(1.0, gt=0, description="coefficient of variation of inter-arrival times (synthetic)")
+    num_priorities: int = Field(1, ge=1)
+    prompt_tokens: LengthSpec = LengthSpec(kind="lognormal", median=600, sigma=0.9, max=8192)
+    output_tokens: LengthSpec = LengthSpec(kind="lognormal", median=200, sigma=0.8, max=2048)
+    max_requests: int | None = Field(None, ge=1, description="keep only the first N requests of a trace")
+    time_scale: float = Field(1.0, gt=0, description="multiply arrival times (0.5 = twice the rate)")
+    jitter_s: float = Field(0.0, ge=0, description="spread quantised timestamps (mooncake)")
+    arrival_times: ArrivalOverride | None = None
+
+    @model_validator(mode="after")
+    def _path_needed(self) -> "WorkloadConfig":
+        if self.source != "synthetic" and not self.path:
+            raise ValueError(f"source {self.source!r} needs 'path' (the trace file)")
+        return self
+
+
+class ModelConfig(_Strict):
+    """The served model: a catalog name (``servelab catalog`` lists them) or a Hugging Face config.json."""
+
+    name: str = "Llama-3.1-8B"
+    hf_config: str | None = None
+    dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
+
+
+class HardwareConfig(_Strict):
+    """The GPU of one instance and its parallelism."""
+
+    gpu: str = "H100-SXM5-80GB"
+    tensor_parallel_size: int = Field(1, ge=1)
+    link_gbps: float | None = Field(None, gt=0, description="override the catalog's per-GPU link bandwidth (GB/s)")
+    link_latency_us: float = Field(10.0, ge=0, description="collective latency per call (µs)")
+
+
+class EngineConfig(_Strict):
+    """vLLM engine arguments (same names and defaults as vLLM 0.33 on a >=70 GB GPU)."""
+
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_model_len: int | None = Field(None, ge=2, description="default: the model's max_position_embeddings")
+    block_size: int = Field(16, ge=1)
+    num_gpu_blocks: int | None = Field(None, ge=2, description="measured block count; default: derived")
+    gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = Field(0, ge=0)
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = Field(0.0, ge=0, lt=1)
+    vllm_version: Literal["0.33", "legacy"] = Field("0.33", description="'legacy' = 0.10-0.2x behaviour")
+
+
+class PolicyConfig(_Strict):
+    """The scheduling policy (``servelab policies`` lists them) and its queue order."""
+
+    scheduler: str = "vllm_v1"
+    queue: Literal["fcfs", "priority"] = "fcfs"
+
+
+class EfficiencyConfig(_Strict):
+    """Overrides of the roofline's achievable fractions and latencies (lab/costmodel/roofline.py)."""
+
+    gemm_compute: float | None = Field(None, gt=0, le=1)
+    gemm_memory: float | None = Field(None, gt=0, le=1)
+    attention_compute: float | None = Field(None, gt=0, le=1)
+    attention_memory: float | None = Field(None, gt=0, le=1)
+    elementwise_memory: float | None = Field(None, gt=0, le=1)
+    link: float | None = Field(None, gt=0, le=1)
+    kernel_launch_s: float | None = Field(None, ge=0)
+    allreduce_latency_s: float | None = Field(None, ge=0)
+    step_overhead_s: float | None = Field(None, ge=0)
+
+
+class CostModelConfig(_Strict):
+    """Where step times come from: ``roofline`` (analytic) or ``llmservingsim_profile`` (measured layer tables)."""
+
+    kind: Literal["roofline", "llmservingsim_profile"] = "roofline"
+    profile_dir: str | None = None
+    use_skew: bool = True
+    efficiency: EfficiencyConfig = EfficiencyConfig()
+
+    @model_validator(mode="after")
+    def _profile_needed(self) -> "CostModelConfig":
+        if self.kind == "llmservingsim_profile" and not self.profile_dir:
+            raise ValueError("kind 'llmservingsim_profile' needs 'profile_dir'")
+        return self
+
+
+class SimulationConfig(_Strict):
+    """Run control."""
+
+    horizon_s: float | None = Field(None, gt=0, description="stop at this simulated time; the rest is unfinished")
+    record_events: bool = Field(True, description="keep each request's scheduled/preempted/resumed history")
+    progress: bool = True
+
+
+class ValidationConfig(_Strict):
+    """Measured per-request timings to compare with (``servelab validate``)."""
+
+    measured: str
+    format: Literal["llmservingsim"] = "llmservingsim"
+    timeseries: str | None = None
+
+
+class SLOConfig(_Strict):
+    """Service-level objectives for goodput and SLO attainment (seconds; unset = not checked)."""
+
+    ttft_s: float | None = Field(None, gt=0)
+    tpot_s: float | None = Field(None, gt=0)
+    e2el_s: float | None = Field(None, gt=0)
+
+
+class OutputConfig(_Strict):
+    dir: str | None = None
+    plots: bool = True
+
+
+class Experiment(_Strict):
+    """One experiment: a workload through one deployment with one policy."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    seed: int = 0
+    data_dir: str | None = None
+    workload: WorkloadConfig = WorkloadConfig()
+    model: ModelConfig = ModelConfig()
+    hardware: HardwareConfig = HardwareConfig()
+    engine: EngineConfig = EngineConfig()
+    policy: PolicyConfig = PolicyConfig()
+    cost_model: CostModelConfig = CostModelConfig()
+    simulation: SimulationConfig = SimulationConfig()
+    validation: ValidationConfig | None = None
+    slo: SLOConfig = SLOConfig()
+    output: OutputConfig = OutputConfig()
+
+    # Set by load_experiment: where relative paths resolve.
+    base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
+    resolved_data_dir: Path = Field(default_factory=default_data_dir, exclude=True)
+
+    def path(self, value: str, field: str) -> Path:
+        """Resolve a path field (``{data_dir}`` expanded, relative to the experiment file)."""
+        return expand_path(value, self.resolved_data_dir, self.base_dir, field)
+
+
+def _format_errors(source: str, err: ValidationError) -> str:
+    lines = [f"{source}: invalid experiment"]
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        got = e.get("input")
+        got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  {loc}: {e['msg']}{got_s}")
+    return "\n".join(lines)
+
+
+def parse_experiment(data: dict, source: str = "<experiment>", base_dir: Path | None = None,
+                     data_dir: str | Path | None = None) -> Experiment:
+    """Validate a dict as an experiment.
+
+    Raises:
+        ConfigError: with one line per bad field (field path, message, offending value).
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a YAML mapping at the top level, got {type(data).__name__}")
+    try:
+        exp = Experiment.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(source, e)) from None
+    exp.base_dir = base_dir or Path.cwd()
+    if data_dir is not None:
+        exp.resolved_data_dir = Path(data_dir)
+    elif exp.data_dir and not __import__("os").environ.get("SERVELAB_DATA_DIR"):
+        exp.resolved_data_dir = expand_path(exp.data_dir, default_data_dir(), exp.base_dir, "data_dir")
+    return exp
+
+
+def load_experiment(path: str | Path, data_dir: str | Path | None = None,
+                    overrides: dict | None = None) -> Experiment:
+    """Read and validate an experiment YAML file.
+
+    Args:
+        path: the YAML file.
+        data_dir: overrides the data directory.
+        overrides: nested dict merged over the file (used by the CLI's ``--set a.b=value``).
+
+    Raises:
+        ConfigError: missing file, YAML syntax error, or invalid fields.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: experiment file does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if overrides:
+        data = deep_merge(data or {}, overrides)
+    return parse_experiment(data, str(p), p.resolve().parent, data_dir)
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """Return ``base`` with ``over`` merged in recursively (``over`` wins)."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_set_option(items: list[str]) -> dict:
+    """Turn ``["engine.max_num_seqs=64", ...]`` into a nested dict; values are parsed as YAML scalars.
+
+    Raises:
+        ConfigError: an item without ``=``.
+    """
+    out: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected FIELD.PATH=VALUE, e.g. engine.max_num_seqs=64")
+        key, raw = item.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    return out

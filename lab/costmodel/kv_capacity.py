@@ -1,0 +1,85 @@
+"""KV-cache capacity the way vLLM derives it (vllm/v1/worker/gpu_worker.py ``determine_available_memory`` and
+vllm/v1/core/kv_cache_utils.py; shared/specs/vllm-v1-scheduling.md §2):
+
+    avail = memory_bytes · gpu_memory_utilization − weights − peak activation − non-torch/CUDA-graph memory
+    num_gpu_blocks = floor(avail / bytes_per_block)
+
+``bytes_per_block`` sums over the layers on one rank: 2·block_size·kv_heads_per_rank·head_dim·dtype_bytes for
+GQA/MHA, block_size·(kv_lora_rank + rope_dim)·dtype_bytes for MLA; drafter layers (EAGLE/MTP) count as extra layers.
+
+The peak activation is vLLM's profile run: one forward pass over ``max_num_batched_tokens`` tokens (largest live
+set: the MLP's gate/up output, the activation output and two hidden-state buffers, in the activation dtype) and
+the dummy sampler run over ``max_num_seqs`` float32 logits rows (logits plus one softmax copy); the larger of the
+two counts. ``non_torch_bytes`` (CUDA graphs, cuBLAS/NCCL workspaces, allocator slack) is one constant fitted on
+the only run that recorded its block count (LLMServingSim RTX 4090 Llama-3.1-8B, vLLM 0.19: 2588 blocks); see
+docs/fidelity.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lab.costmodel.hardware import Hardware
+from lab.costmodel.model_arch import ModelArch, dtype_bytes
+
+# Fitted: RTX 4090 run, 25,250,627,584 B x 0.9 - 16,060,522,496 B weights - 2588 x 2,097,152 B KV leaves
+# 1,237.6 MB for activations + everything else; minus this module's activation estimate (473 MB) = 0.765 GB.
+DEFAULT_NON_TORCH_BYTES = 765_000_000
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    """Result of the derivation (all bytes per GPU rank)."""
+
+    num_gpu_blocks: int
+    bytes_per_block: int
+    requested_bytes: int
+    weight_bytes: int
+    activation_bytes: int
+    non_torch_bytes: int
+    available_bytes: int
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def bytes_per_block(model: ModelArch, block_size: int, kv_dtype: str = "bf16", tp: int = 1,
+                    extra_layers: int = 0) -> int:
+    """KV bytes of one block on one rank: per-token bytes of every layer (plus drafter layers) x block_size."""
+    per_token = model.kv_bytes_per_token(kv_dtype, tp)
+    per_layer = per_token // model.num_layers
+    return (per_token + extra_layers * per_layer) * block_size
+
+
+def activation_peak_bytes(model: ModelArch, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1) -> int:
+    """Peak activation memory of vLLM's profile run (see module docstring), bytes."""
+    h = model.hidden_size
+    width = model.intermediate_size if not model.is_moe else model.moe_intermediate_size * model.experts_per_token
+    width //= tp
+    forward = max_num_batched_tokens * (2 * h + 3 * width) * 2
+    sampler = max_num_seqs * (model.vocab_size // tp if tp > 1 else model.vocab_size) * 4 * 2
+    return max(forward, sampler) + min(forward, sampler) // 2
+
+
+def derive_num_gpu_blocks(model: ModelArch, hardware: Hardware, *, block_size: int = 16,
+                          gpu_memory_utilization: float = 0.92, max_num_batched_tokens: int = 8192,
+                          max_num_seqs: int = 256, tp: int = 1, kv_dtype: str = "bf16",
+                          weight_dtype: str | None = None, non_torch_bytes: int = DEFAULT_NON_TORCH_BYTES,
+                          extra_layers: int = 0) -> KVCapacity:
+    """Derive ``num_gpu_blocks`` for one rank.
+
+    Raises:
+        ValueError: if the weights and activations leave no room for even two blocks (the model does not fit).
+    """
+    requested = int(hardware.memory_bytes * gpu_memory_utilization)
+    weights = model.weight_bytes(weight_dtype, tp)
+    act = activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
+    avail = requested - weights - act - non_torch_bytes
+    bpb = bytes_per_block(model, block_size, kv_dtype, tp, extra_layers)
+    blocks = avail // bpb
+    if blocks < 2:
+        raise ValueError(
+            f"{model.name} does not fit on {hardware.name} x tp{tp}: {requested / 1e9:.1f} GB requested "
+            f"(gpu_memory_utilization {gpu_memory_utilization}) - {weights / 1e9:.1f} GB weights - "
+            f"{act / 1e9:.2f} GB activations - {non_torch_bytes / 1e9:.2f} GB other leaves no room for the KV cache")
+    return KVCapacity(int(blocks), bpb, requested, weights, act, non_torch_bytes, int(avail))

@@ -1,0 +1,281 @@
+"""Step time from LLMServingSim-format layer profiles (``dense.csv``, ``attention.csv``, ``per_sequence.csv``,
+optional ``moe.csv`` and ``skew_fit.csv``), combined the way LLMServingSim combines them
+(shared/data/validation/llmservingsim/PROVENANCE.md §3; casys-kaist/LLMServingSim serving/core/trace_generator.py).
+
+One iteration = ``embedding(T)`` + L x [``layernorm(T)`` x 2 + the other per-layer dense layers at T +
+``attention(pc, kp, nd, kvd)`` + two TP all-reduces] + ``final_layernorm(T)`` + ``lm_head(S)`` + ``sampler(S)``,
+where T = tokens in the step, S = sequences, pc / kp = Σ new / already-computed tokens of prefill chunks, nd = number
+of decodes and kvd = their mean KV length. Profiles are one decoder layer measured in eager mode, in microseconds;
+TP > 1 profiles hold per-rank shapes without communication, so the all-reduce is added from a link model.
+Lookups are linear in every axis (clamped below the grid, extrapolated above it); the 4-D attention table is read
+bilinearly over (kp, kvd) inside each bracketing (pc, nd) slice and blended linearly over nd and pc; a missing slice
+falls back to the nearest one on the nd axis. With ``skew_fit.csv`` present, decode attention is corrected for
+unequal KV lengths: t = t(kvd_mean) + α·(t(kvd_max) − t(kvd_mean)), α looked up by bucket.
+"""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from lab.costmodel.base import BatchShape
+from lab.costmodel.model_arch import ModelArch
+
+_US = 1e-6
+
+
+def _bracket(xs: list[float], x: float) -> tuple[int, int, float]:
+    """(lo, hi, t) for linear interpolation on sorted ``xs``: clamped below, extrapolated above."""
+    n = len(xs)
+    if n == 1 or x <= xs[0]:
+        return 0, 0, 0.0
+    i = bisect.bisect_right(xs, x)
+    if i >= n:
+        lo, hi = n - 2, n - 1
+    else:
+        lo, hi = i - 1, i
+    x0, x1 = xs[lo], xs[hi]
+    if x1 == x0:
+        return lo, lo, 0.0
+    return lo, hi, (x - x0) / (x1 - x0)
+
+
+def _interp(xs: list[float], ys: list[float], x: float) -> float:
+    lo, hi, t = _bracket(xs, x)
+    return ys[lo] + t * (ys[hi] - ys[lo])
+
+
+class _AttentionTable:
+    """The 4-D attention grid: slices keyed by (prefill_chunk, n_decode), each a (kv_prefill x kv_decode) grid."""
+
+    def __init__(self, df: pd.DataFrame, where: str) -> None:
+        need = {"prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"}
+        missing = need - set(df.columns)
+        if missing:
+            raise ValueError(f"{where}: missing columns {sorted(missing)}; expected {sorted(need)}")
+        self.slices: dict[tuple[int, int], tuple[list[int], list[tuple[list[int], list[float]]]]] = {}
+        for (pc, nd), g in df.groupby(["prefill_chunk", "n_decode"]):
+            rows = []
+            kps = sorted(g["kv_prefill"].unique())
+            for kp in kps:
+                r = g[g["kv_prefill"] == kp].sort_values("kv_decode")
+                rows.append((r["kv_decode"].tolist(), r["time_us"].astype(float).tolist()))
+            self.slices[(int(pc), int(nd))] = ([int(k) for k in kps], rows)
+        self.pcs = sorted({k[0] for k in self.slices})
+        self.nds_by_pc = {pc: sorted(nd for (p, nd) in self.slices if p == pc) for pc in self.pcs}
+
+    def _slice(self, pc: int, nd: int, kp: float, kvd: float) -> float:
+        kps, rows = self.slices[(pc, nd)]
+        lo, hi, t = _bracket(kps, kp)
+        xs, ys = rows[lo]
+        v_lo = _interp(xs, ys, kvd)
+        if lo == hi:
+            return v_lo
+        xs, ys = rows[hi]
+        return v_lo + t * (_interp(xs, ys, kvd) - v_lo)
+
+    def _at_pc(self, pc: int, nd: float, kp: float, kvd: float) -> float:
+        nds = self.nds_by_pc[pc]
+        lo, hi, t = _bracket(nds, nd)
+        v_lo = self._slice(pc, nds[lo], kp, kvd)
+        if lo == hi:
+            return v_lo
+        return v_lo + t * (self._slice(pc, nds[hi], kp, kvd) - v_lo)
+
+    def lookup_us(self, pc: float, kp: float, nd: float, kvd: float) -> float:
+        lo, hi, t = _bracket(self.pcs, pc)
+        v_lo = self._at_pc(self.pcs[lo], nd, kp, kvd)
+        if lo == hi:
+            return v_lo
+        return v_lo + t * (self._at_pc(self.pcs[hi], nd, kp, kvd) - v_lo)
+
+
+# Default bucket edges of the skew correction (right-inclusive), used when meta.yaml gives none.
+_DEFAULT_SKEW_AXES = {
+    "n_bins": [0, 2, 4, 8, 16, 32, 64, 128, 10**6],
+    "n_labels": ["n<=2", "n<=4", "n<=8", "n<=16", "n<=32", "n<=64", "n<=128", "n>128"],
+    "kv_big_bins": [0, 1024, 4096, 16384, 10**9],
+    "kv_big_labels": ["kvB<=1k", "kvB<=4k", "kvB<=16k", "kvB>16k"],
+    "skew_rate_bins": [-0.01, 0.05, 0.15, 0.40, 0.70, 1.01],
+    "skew_rate_labels": ["sr<=5%", "sr<=15%", "sr<=40%", "sr<=70%", "sr>70%"],
+    "kp_bins": [-1, 0, 2048, 10**9],
+    "kp_labels": ["kp=0", "kp<=2k", "kp>2k"],
+}
+
+
+def _label(bins: list[float], labels: list[str], v: float) -> str:
+    for i, lab in enumerate(labels):
+        if v <= bins[i + 1]:
+            return lab
+    return labels[-1]
+
+
+class LLMServingSimProfileCostModel:
+    """Cost model over one LLMServingSim profile folder (e.g. ``.../RTX4090/meta-llama/Llama-3.1-8B/bf16/tp1``).
+
+    Args:
+        profile_dir: folder with ``dense.csv``, ``attention.csv`` and ``per_sequence.csv`` (times in µs).
+        model: architecture (number of layers, hidden size for the all-reduce size).
+        tp: tensor-parallel size the profiles were taken at.
+        link_bandwidth: all-reduce link bandwidth, B/s (one direction).
+        link_latency_s: per-hop latency of a collective, seconds.
+        use_skew: apply ``skew_fit.csv`` when present.
+
+    Raises:
+        FileNotFoundError: a required CSV is missing (the message names it).
+        ValueError: a CSV lacks a required column.
+    """
+
+    name = "llmservingsim_profile"
+
+    def __init__(self, profile_dir: str | Path, model: ModelArch, tp: int = 1,
+                 link_bandwidth: float = 16e9, link_latency_s: float = 1e-6, use_skew: bool = True) -> None:
+        d = Path(profile_dir)
+        for f in ("dense.csv", "attention.csv", "per_sequence.csv"):
+            if not (d / f).is_file():
+                raise FileNotFoundError(f"cost_model.profile_dir: {d / f} does not exist (an LLMServingSim profile "
+                                        "folder holds dense.csv, attention.csv and per_sequence.csv)")
+        self.model = model
+        self.tp = tp
+        self.link_bandwidth = link_bandwidth
+        self.link_latency_s = link_latency_s
+        self.dense = self._read_1d(d / "dense.csv", "layer", "tokens")
+        self.per_seq = self._read_1d(d / "per_sequence.csv", "layer", "sequences")
+        self.attn = _AttentionTable(pd.read_csv(d / "attention.csv"), str(d / "attention.csv"))
+        for name in ("lm_head", "sampler"):
+            if name not in self.per_seq:
+                raise ValueError(f"{d / 'per_sequence.csv'}: no rows for layer {name!r}")
+        self.layer_names = [n for n in self.dense if n not in ("embedding", "final_layernorm")]
+        self.moe = None
+        if model.is_moe and (d / "moe.csv").is_file():
+            self.moe = pd.read_csv(d / "moe.csv")
+            self.layer_names = [n for n in self.layer_names if n not in ("gate_up_proj", "act_fn", "down_proj")]
+        self.skew: dict[str, float] = {}
+        self.skew_default = 0.0
+        self.skew_axes = _DEFAULT_SKEW_AXES
+        if use_skew and (d / "skew_fit.csv").is_file():
+            self._load_skew(d)
+        self._dense_cache: dict[int, tuple[float, float, float]] = {}
+
+    def _load_skew(self, d: Path) -> None:
+        """Read the per-bucket α table, its bucket edges and the pooled default from ``../meta.yaml``."""
+        meta_path = d.parent / "meta.yaml"
+        fit = {}
+        if meta_path.is_file():
+            fit = (yaml.safe_load(meta_path.read_text()) or {}).get("skew_fit") or {}
+            if not fit.get("enabled", True):
+                return
+        axes = dict(_DEFAULT_SKEW_AXES)
+        axes.update({k: v for k, v in (fit.get("bucket_axes") or {}).items() if k in axes})
+        self.skew_axes = axes
+        per_tp = fit.get("per_tp") or {}
+        entry = per_tp.get(self.tp) or per_tp.get(str(self.tp)) or {}
+        self.skew_default = float(entry.get("alpha_default", 0.0))
+        for r in pd.read_csv(d / "skew_fit.csv").itertuples():
+            self.skew[f"{int(r.pc)}|{r.n_label}|{r.skew_rate_label}|{r.kv_big_label}|{r.kp_label}"] = float(r.alpha)
+
+    @staticmethod
+    def _read_1d(path: Path, key: str, x: str) -> dict[str, tuple[list[float], list[float]]]:
+        df = pd.read_csv(path)
+        need = {key, x, "time_us"}
+        if not need <= set(df.columns):
+            raise ValueError(f"{path}: missing columns {sorted(need - set(df.columns))}; expected {sorted(need)}")
+        out = {}
+        for name, g in df.groupby(key):
+            g = g.sort_values(x)
+            out[str(name)] = (g[x].astype(float).tolist(), g["time_us"].astype(float).tolist())
+        return out
+
+    def _dense_us(self, T: int) -> tuple[float, float, float]:
+        """(per-layer dense µs, embedding + final norm µs, MoE µs per layer) at T tokens; cached by T."""
+        hit = self._dense_cache.get(T)
+        if hit is not None:
+            return hit
+        per_layer = 0.0
+        for n in self.layer_names:
+            xs, ys = self.dense[n]
+            v = _interp(xs, ys, T)
+            per_layer += 2 * v if n == "layernorm" else v
+        edge = 0.0
+        for n in ("embedding", "final_layernorm"):
+            if n in self.dense:
+                xs, ys = self.dense[n]
+                edge += _interp(xs, ys, T)
+        moe = self._moe_us(T) if self.moe is not None else 0.0
+        out = (per_layer, edge, moe)
+        self._dense_cache[T] = out
+        return out
+
+    def _moe_us(self, T: int) -> float:
+        m = self.model
+        k, E = m.experts_per_token, m.num_experts
+        active = E * (1.0 - (1.0 - k / E) ** T)
+        df = self.moe
+        toks = sorted(df["tokens"].unique())
+        lo, hi, t = _bracket(toks, T)
+
+        def at(tok: int) -> float:
+            g = df[df["tokens"] == tok].sort_values("activated_experts")
+            return _interp(g["activated_experts"].astype(float).tolist(), g["time_us"].astype(float).tolist(), active)
+
+        v = at(toks[lo])
+        return v if lo == hi else v + t * (at(toks[hi]) - v)
+
+    def _attention_us(self, shape: BatchShape) -> float:
+        pc = sum(shape.prefill_new)
+        kp = sum(shape.prefill_context)
+        dc = shape.decode_context
+        nd = len(dc)
+        kvd = sum(dc) // nd if nd else 0
+        t = self.attn.lookup_us(pc, kp, nd, kvd)
+        if self.skew and nd > 1:
+            kmax, kmin = max(dc), min(dc)
+            if kmax != kvd:
+                sr = (kvd - kmin) / (kmax - kmin) if kmax > kmin else 0.5
+                a = self.skew_axes
+                key = (f"{int(pc)}|{_label(a['n_bins'], a['n_labels'], nd)}"
+                       f"|{_label(a['skew_rate_bins'], a['skew_rate_labels'], min(1.0, max(0.0, sr)))}"
+                       f"|{_label(a['kv_big_bins'], a['kv_big_labels'], kmax)}"
+                       f"|{_label(a['kp_bins'], a['kp_labels'], kp)}")
+                alpha = self.skew.get(key, self.skew_default)
+                if alpha:
+                    t_max = self.attn.lookup_us(pc, kp, nd, kmax)
+                    if t_max > t:
+                        t += alpha * (t_max - t)
+        return t
+
+    def _allreduce_s(self, T: int) -> float:
+        if self.tp == 1:
+            return 0.0
+        byts = T * self.model.hidden_size * 2
+        return self.link_latency_s + 2.0 * (self.tp - 1) / self.tp * byts / self.link_bandwidth
+
+    def breakdown(self, shape: BatchShape) -> dict[str, float]:
+        """Step time split into dense layers, attention, MoE, communication and head (seconds)."""
+        T, S = shape.num_tokens, shape.num_seqs
+        if T == 0:
+            return {}
+        L = self.model.num_layers
+        per_layer, edge, moe = self._dense_us(T)
+        lm, smp = self.per_seq["lm_head"], self.per_seq["sampler"]
+        head = _interp(*lm, S) + _interp(*smp, S)
+        return {
+            "dense": (per_layer * L + edge) * _US,
+            "attention": self._attention_us(shape) * L * _US,
+            "moe": moe * L * _US,
+            "communication": 2 * L * self._allreduce_s(T),
+            "head": head * _US,
+        }
+
+    def step_time(self, shape: BatchShape) -> float:
+        T, S = shape.num_tokens, shape.num_seqs
+        if T == 0:
+            return 0.0
+        L = self.model.num_layers
+        per_layer, edge, moe = self._dense_us(T)
+        lm, smp = self.per_seq["lm_head"], self.per_seq["sampler"]
+        us = (per_layer + moe + self._attention_us(shape)) * L + edge + _interp(*lm, S) + _interp(*smp, S)
+        return us * _US + 2 * L * self._allreduce_s(T)

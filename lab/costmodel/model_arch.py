@@ -1,0 +1,217 @@
+"""Model architecture facts (from the project's catalog or a Hugging Face config.json) and what follows from them:
+parameter counts, per-layer GEMM shapes, KV-cache bytes per token.
+
+Formulas: a GQA/MHA layer holds q (h x H·d), k and v (h x Hkv·d each) and o (H·d x h) projections; an MLA layer
+(DeepSeek-V2/V3) holds q_a (h x r_q), q_b (r_q x H·(d_nope+d_rope)), kv_a (h x (r_kv+d_rope)), kv_b
+(r_kv x H·(d_nope+d_v)) and o (H·d_v x h); a gated MLP holds gate+up (h x 2i) and down (i x h); a MoE layer holds E
+routed experts and S shared experts of the gated form with width i_moe, plus a router (h x E). KV per token per
+layer: 2·Hkv·d elements (GQA) or r_kv + d_rope elements (MLA latent cache, shared by all heads).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "int8": 1, "fp32": 4,
+               "auto": 2}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name.
+
+    Raises:
+        ValueError: for an unknown dtype name.
+    """
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}") from None
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """Architecture of a decoder-only transformer, in Hugging Face config names.
+
+    Attributes are element counts (not bytes). ``is_mla`` is true when ``kv_lora_rank`` is set; ``is_moe`` when
+    the model has routed experts.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    first_k_dense_layers: int = 0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    num_mtp_layers: int = 0
+    weight_dtype: str = "bf16"
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_k_dense_layers if self.is_moe else 0
+
+    # ---- parameter counts (elements) ----
+    def attention_params_per_layer(self) -> int:
+        h = self.hidden_size
+        if self.is_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = (h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk) if self.q_lora_rank else h * self.num_heads * qk
+            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * self.num_heads * (
+                self.qk_nope_head_dim + self.v_head_dim)
+            o = self.num_heads * self.v_head_dim * h
+            return q + kv + o
+        q = h * self.num_heads * self.head_dim
+        kv = 2 * h * self.num_kv_heads * self.head_dim
+        o = self.num_heads * self.head_dim * h
+        return q + kv + o
+
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden_size * self.intermediate_size
+
+    def expert_params(self) -> int:
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    def params_total(self) -> int:
+        """All weights (embedding, layers, head); norms and biases ignored."""
+        emb = self.vocab_size * self.hidden_size
+        head = 0 if self.tie_word_embeddings else emb
+        attn = self.attention_params_per_layer() * self.num_layers
+        dense_layers = self.num_layers - self.num_moe_layers
+        mlp = dense_layers * self.dense_mlp_params()
+        if self.is_moe:
+            per_moe = (self.num_experts + self.num_shared_experts) * self.expert_params() + self.hidden_size * self.num_experts
+            mlp += self.num_moe_layers * per_moe
+        return emb + head + attn + mlp
+
+    def params_active(self) -> int:
+        """Weights touched per token (top-k routed experts plus shared experts)."""
+        if not self.is_moe:
+            return self.params_total()
+        emb = self.vocab_size * self.hidden_size
+        head = 0 if self.tie_word_embeddings else emb
+        attn = self.attention_params_per_layer() * self.num_layers
+        dense_layers = self.num_layers - self.num_moe_layers
+        per_moe = (self.experts_per_token + self.num_shared_experts) * self.expert_params() + self.hidden_size * self.num_experts
+        return emb + head + attn + dense_layers * self.dense_mlp_params() + self.num_moe_layers * per_moe
+
+    # ---- KV cache ----
+    def kv_elements_per_token_per_layer(self) -> int:
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, kv_dtype: str = "bf16", tp: int = 1) -> int:
+        """KV-cache bytes per token summed over all layers on one TP rank.
+
+        GQA heads are split over TP ranks (at least one KV head per rank); the MLA latent cache is replicated on
+        every rank. Example: DeepSeek-V3 bf16 = (512 + 64) · 61 · 2 = 70,272 B.
+        """
+        b = dtype_bytes(kv_dtype)
+        if self.is_mla:
+            return self.kv_elements_per_token_per_layer() * self.num_layers * b
+        kv_heads = max(1, self.num_kv_heads // tp)
+        return 2 * kv_heads * self.head_dim * self.num_layers * b
+
+    def weight_bytes(self, dtype: str | None = None, tp: int = 1) -> int:
+        """Weight bytes per TP rank (embedding and head are vocab-parallel, so they split too)."""
+        return self.params_total() * dtype_bytes(dtype or self.weight_dtype) // tp
+
+
+def _from_hf(name: str, cfg: dict[str, Any], where: str) -> ModelArch:
+    def req(key: str, *alts: str) -> Any:
+        for k in (key, *alts):
+            if cfg.get(k) is not None:
+                return cfg[k]
+        raise ValueError(f"{where}: model config lacks required field {key!r}")
+
+    heads = int(req("num_attention_heads", "n_head"))
+    hidden = int(req("hidden_size", "n_embd"))
+    num_experts = int(cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 0)
+    head_dim = int(cfg.get("head_dim") or (cfg.get("v_head_dim") if cfg.get("kv_lora_rank") else 0) or hidden // heads)
+    moe_inter = int(cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") if num_experts else 0) or 0)
+    return ModelArch(
+        name=name,
+        num_layers=int(req("num_hidden_layers", "n_layer")),
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        intermediate_size=int(req("intermediate_size")),
+        vocab_size=int(req("vocab_size")),
+        max_position_embeddings=int(cfg.get("max_position_embeddings") or 4096),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        num_experts=num_experts,
+        experts_per_token=int(cfg.get("num_experts_per_tok") or 0),
+        moe_intermediate_size=moe_inter,
+        num_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
+        first_k_dense_layers=int(cfg.get("first_k_dense_replace") or 0),
+        q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+        kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
+        qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
+        qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
+        v_head_dim=int(cfg.get("v_head_dim") or 0),
+        num_mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
+        weight_dtype=str(cfg.get("weight_dtype") or "bf16"),
+    )
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> dict[str, dict[str, Any]]:
+    text = resources.files("lab").joinpath("catalog/models.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def model_names() -> list[str]:
+    """Names of the models in the catalog."""
+    return sorted(_catalog())
+
+
+def load_model(name: str | None = None, hf_config: str | Path | None = None) -> ModelArch:
+    """Look a model up by catalog name or alias, or read a Hugging Face ``config.json``.
+
+    Raises:
+        ValueError: unknown name (the message lists the catalog), or a config file lacking a required field.
+        FileNotFoundError: ``hf_config`` does not exist.
+    """
+    if hf_config is not None:
+        path = Path(hf_config)
+        if not path.is_file():
+            raise FileNotFoundError(f"model.hf_config: {path} does not exist")
+        cfg = json.loads(path.read_text())
+        return _from_hf(name or cfg.get("_name_or_path") or path.parent.name, cfg, str(path))
+    if name is None:
+        raise ValueError("model: give a catalog name or hf_config")
+    cat = _catalog()
+    for key, entry in cat.items():
+        if name == key or name in (entry.get("aliases") or []):
+            return _from_hf(key, entry, f"catalog model {key}")
+    raise ValueError(f"model {name!r} is not in the catalog; known: {', '.join(sorted(cat))} "
+                     "(or set model.hf_config to a Hugging Face config.json)")

@@ -1,0 +1,275 @@
+"""Paged KV cache with prefix caching, as vLLM V1's block pool and KV cache manager behave.
+
+Sources: vllm/v1/core/block_pool.py, kv_cache_manager.py and single_type_kv_cache_manager.py, summarised in
+shared/specs/vllm-v1-scheduling.md §2. The free queue is an ``OrderedDict`` (head = next block to hand out and to
+evict; O(1) pop, removal from the middle, append and prepend), block 0 is the reserved null block, and a block keeps
+its hash after it is freed, so a later lookup can hit it until the block is handed out again.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from lab.request import Request
+
+
+class Block:
+    """One KV block: ``block_size`` token slots of every layer on the rank."""
+
+    __slots__ = ("block_id", "ref_cnt", "block_hash")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: int | None = None
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
+
+
+class BlockPool:
+    """All KV blocks of one instance, the free queue and the hash -> block map of cached blocks.
+
+    Args:
+        num_gpu_blocks: blocks in the pool, including the reserved null block 0 (vLLM ``num_gpu_blocks``).
+        enable_caching: register full blocks under their hash so later requests can hit them.
+        prepend_unhashed: put a freed block without a hash at the head of the free queue (vLLM 0.33); legacy
+            vLLM appended every freed block to the tail.
+
+    Raises:
+        ValueError: if ``num_gpu_blocks`` < 2 (the null block plus at least one usable block).
+    """
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True, prepend_unhashed: bool = True) -> None:
+        if num_gpu_blocks < 2:
+            raise ValueError(f"num_gpu_blocks must be >= 2 (block 0 is reserved), got {num_gpu_blocks}")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.prepend_unhashed = prepend_unhashed
+        self.blocks = [Block(i) for i in range(num_gpu_blocks)]
+        self.null_block = self.blocks[0]
+        self.null_block.ref_cnt = 1
+        self.free_queue: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks[1:])
+        # hash -> {block_id: block}; several blocks can hold the same content (computed concurrently).
+        self.cached: dict[int, dict[int, Block]] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with ref_cnt 0, cached ones included (they are evictable)."""
+        return len(self.free_queue)
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks a request can ever hold (all but the null block)."""
+        return self.num_gpu_blocks - 1
+
+    def usage(self) -> float:
+        """vLLM's ``kv_cache_usage``: 1 - free / (num_blocks - 1); cached free blocks count as free."""
+        return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
+
+    def lookup(self, block_hash: int) -> Block | None:
+        """Return a cached block holding this hash, or None."""
+        entry = self.cached.get(block_hash)
+        if not entry:
+            return None
+        return next(iter(entry.values()))
+
+    def get_new_blocks(self, n: int) -> list[Block]:
+        """Pop ``n`` blocks from the head of the free queue, evicting their hashes.
+
+        Raises:
+            RuntimeError: if fewer than ``n`` blocks are free (callers check first; this is an engine bug).
+        """
+        fq = self.free_queue
+        if n > len(fq):
+            raise RuntimeError(f"asked for {n} KV blocks with only {len(fq)} free")
+        out = []
+        cached = self.cached
+        for _ in range(n):
+            _, block = fq.popitem(last=False)
+            h = block.block_hash
+            if h is not None:
+                entry = cached.get(h)
+                if entry is not None:
+                    entry.pop(block.block_id, None)
+                    if not entry:
+                        del cached[h]
+                block.block_hash = None
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def touch(self, blocks: list[Block]) -> None:
+        """Take a reference on prefix-hit blocks, removing free ones from the free queue."""
+        fq = self.free_queue
+        for b in blocks:
+            if b.ref_cnt == 0:
+                del fq[b.block_id]
+            b.ref_cnt += 1
+
+    def free_blocks(self, blocks: list[Block]) -> None:
+        """Drop one reference from each block, in the order given (callers pass a request's blocks reversed).
+
+        A block reaching ref_cnt 0 goes to the tail of the free queue if it has a hash (LRU: evicted last), and to
+        the head if it has none and ``prepend_unhashed`` (reused first).
+        """
+        fq = self.free_queue
+        prepend = self.prepend_unhashed
+        for b in blocks:
+            b.ref_cnt -= 1
+            if b.ref_cnt == 0:
+                bid = b.block_id
+                fq[bid] = b
+                if prepend and b.block_hash is None:
+                    fq.move_to_end(bid, last=False)
+
+    def cache_block(self, block: Block, block_hash: int) -> None:
+        """Register a full block under its hash (vLLM ``cache_full_blocks``)."""
+        block.block_hash = block_hash
+        entry = self.cached.get(block_hash)
+        if entry is None:
+            self.cached[block_hash] = {block.block_id: block}
+        else:
+            entry[block.block_id] = block
+
+
+class KVCacheManager:
+    """The KV cache manager a scheduler talks to: prefix lookup, slot allocation and freeing.
+
+    Args:
+        num_gpu_blocks: total blocks including the null block.
+        block_size: tokens per block (vLLM default 16).
+        max_model_len: longest sequence in tokens; allocation never goes past it.
+        enable_prefix_caching: look up and register block hashes.
+        prepend_unhashed: see :class:`BlockPool`.
+    """
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        enable_prefix_caching: bool = True,
+        prepend_unhashed: bool = True,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_gpu_blocks, enable_prefix_caching, prepend_unhashed)
+        # Counters for the prefix cache hit rate (queries and hits in tokens, first scheduling only).
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.pool.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by requests (excludes free and evictable cached blocks and the null block)."""
+        return self.pool.num_gpu_blocks - 1 - len(self.pool.free_queue)
+
+    def usage(self) -> float:
+        return self.pool.usage()
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[Block], int]:
+        """Longest run of cached full blocks at the start of the request's sequence (vLLM ``get_computed_blocks``).
+
+        At most ``num_tokens - 1`` tokens, floored to the block size, can hit: a fully cached prompt still computes
+        its last token, and in fact its whole last block.
+
+        Returns:
+            (hit blocks in order, number of hit tokens).
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        bs = self.block_size
+        max_blocks = (request.num_tokens - 1) // bs
+        if max_blocks <= 0:
+            return [], 0
+        hashes = request.ensure_block_hashes(max_blocks, bs)
+        pool = self.pool
+        hits: list[Block] = []
+        cached = pool.cached
+        for i in range(max_blocks):
+            entry = cached.get(hashes[i])
+            if not entry:
+                break
+            hits.append(next(iter(entry.values())))
+        return hits, len(hits) * bs
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[Block] | None = None,
+        num_new_computed_tokens: int = 0,
+        num_lookahead_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+    ) -> bool:
+        """Allocate blocks so the request can hold ``num_new_tokens`` more tokens (vLLM ``allocate_slots``).
+
+        ``need = ceil(min(C + hits + n + lookahead, max_model_len) / block_size) - held``. The call fails, changing
+        nothing, if ``need`` plus the evictable hit blocks plus ``reserved_blocks`` (the watermark) exceeds the free
+        blocks. With ``full_sequence_must_fit`` (vLLM's ``scheduler_reserve_full_isl`` gate for waiting requests) it
+        also fails unless blocks for the whole current sequence (``num_tokens``) would fit; that is a check, not a
+        reservation. On success it touches the hit blocks, pops new blocks from the free queue and registers the
+        full blocks up to ``min(C + hits + n, num_tokens)`` under their hashes.
+
+        Returns:
+            True if the slots were allocated.
+        """
+        pool = self.pool
+        bs = self.block_size
+        hits = new_computed_blocks or ()
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        held = len(request.blocks) + len(hits)
+        total = num_computed + num_new_tokens + num_lookahead_tokens
+        if total > self.max_model_len:
+            total = self.max_model_len
+        need = -(-total // bs) - held
+        if need < 0:
+            need = 0
+        evictable = 0
+        for b in hits:
+            if b.ref_cnt == 0:
+                evictable += 1
+        free = len(pool.free_queue) - reserved_blocks
+        if need + evictable > free:
+            return False
+        if full_sequence_must_fit:
+            full_need = -(-request.num_tokens // bs) - held
+            if full_need + evictable > free:
+                return False
+        if hits:
+            pool.touch(hits)  # type: ignore[arg-type]
+            request.blocks.extend(hits)
+            request.num_cached_blocks = len(request.blocks)
+        if need:
+            request.blocks.extend(pool.get_new_blocks(need))
+        if self.enable_prefix_caching:
+            num_full = min(num_computed + num_new_tokens, request.num_tokens) // bs
+            start = request.num_cached_blocks
+            if num_full > start:
+                hashes = request.ensure_block_hashes(num_full, bs)
+                blocks = request.blocks
+                for i in range(start, num_full):
+                    pool.cache_block(blocks[i], hashes[i])
+                request.num_cached_blocks = num_full
+        return True
+
+    def free(self, request: Request) -> None:
+        """Release all of a request's blocks, last block first (vLLM frees in reverse order)."""
+        blocks = request.blocks
+        if blocks:
+            blocks.reverse()
+            self.pool.free_blocks(blocks)
+        request.blocks = []
+        request.num_cached_blocks = 0

@@ -1,0 +1,135 @@
+"""Per-request table and run summary, defined as shared/specs/metrics.md (``vllm bench serve`` definitions).
+
+TTFT = first token time − arrival; E2EL = last token time − arrival; TPOT = (E2EL − TTFT)/(output_tokens − 1),
+undefined for one-token outputs (left out of TPOT statistics, counted as 0 against a TPOT SLO); ITL = every gap
+between consecutive step outputs of a request, pooled over requests. Throughputs divide by duration = last finish −
+first arrival (or the horizon when the run has one). Percentiles are numpy's linear interpolation, as ``vllm bench
+serve`` computes them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lab.request import Request, RequestStatus
+
+REQUEST_COLUMNS = [
+    "request_id", "instance", "priority", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
+    "prompt_tokens", "output_tokens", "generated_tokens", "ttft", "tpot", "e2el", "queue_time", "num_preemptions",
+    "prefix_hit_tokens", "status", "reason",
+]
+
+DEFAULT_PERCENTILES = (50, 90, 95, 99)
+
+_STATUS = {RequestStatus.FINISHED: "finished", RequestStatus.REJECTED: "rejected"}
+
+
+def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
+    """One row per request (seconds for times; NaN where a time does not exist yet)."""
+    nan = float("nan")
+    rows = []
+    for r in requests:
+        arr = r.arrival_time
+        ft = r.first_token_time
+        fin = r.finish_time if r.status == RequestStatus.FINISHED else None
+        ttft = ft - arr if ft is not None else nan
+        e2el = fin - arr if fin is not None else nan
+        tpot = (e2el - ttft) / (r.max_tokens - 1) if fin is not None and r.max_tokens > 1 else nan
+        rows.append((
+            r.request_id, r.instance_id, r.priority, arr,
+            r.first_scheduled_time if r.first_scheduled_time is not None else nan,
+            ft if ft is not None else nan, fin if fin is not None else nan,
+            r.prompt_len, r.max_tokens, r.num_output_tokens, ttft, tpot, e2el,
+            (r.first_scheduled_time - arr) if r.first_scheduled_time is not None else nan,
+            r.num_preemptions, r.prefix_hit_tokens, _STATUS.get(r.status, "unfinished"), r.reason,
+        ))
+    df = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
+    df["request_id"] = df["request_id"].astype(str)
+    df["reason"] = df["reason"].astype(str)
+    return df
+
+
+def describe(values: Iterable[float] | np.ndarray, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+             weights: np.ndarray | None = None) -> dict[str, float | int | None]:
+    """mean, std, median and the given percentiles of the finite values (None when there are none)."""
+    a = np.asarray(values, dtype=float)
+    a = a[np.isfinite(a)]
+    out: dict[str, float | int | None] = {"count": int(a.size)}
+    if a.size == 0:
+        out.update({"mean": None, "median": None, "std": None, **{f"p{p:g}": None for p in percentiles}})
+        return out
+    out["mean"] = float(a.mean())
+    out["median"] = float(np.median(a))
+    out["std"] = float(a.std())
+    for p in percentiles:
+        out[f"p{p:g}"] = float(np.percentile(a, p))
+    return out
+
+
+def summarize(df: pd.DataFrame, itl: np.ndarray, steps: pd.DataFrame | None = None, horizon: float | None = None,
+              slo: dict[str, float | None] | None = None,
+              percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict:
+    """The run summary: counts, duration, throughputs, latency statistics, engine statistics and SLO goodput.
+
+    Args:
+        df: :func:`requests_frame` output.
+        itl: all inter-token latency samples (seconds).
+        steps: the per-step table (for engine statistics), optional.
+        horizon: the run's fixed horizon, if any (then duration = horizon − first arrival).
+        slo: optional ``{"ttft_s": .., "tpot_s": .., "e2el_s": ..}``; None entries are not checked.
+    """
+    fin = df[df["status"] == "finished"]
+    n = len(df)
+    first_arrival = float(df["arrival_time"].min()) if n else 0.0
+    if horizon is not None:
+        duration = horizon - first_arrival
+    else:
+        duration = (float(fin["finish_time"].max()) - first_arrival) if len(fin) else 0.0
+    dur = duration if duration > 0 else float("nan")
+    out_tokens = int(fin["output_tokens"].sum())
+    in_tokens = int(fin["prompt_tokens"].sum())
+    s: dict = {
+        "num_requests": n,
+        "num_finished": int(len(fin)),
+        "num_rejected": int((df["status"] == "rejected").sum()),
+        "num_unfinished": int((df["status"] == "unfinished").sum()),
+        "duration_s": duration,
+        "request_throughput": len(fin) / dur if len(fin) else 0.0,
+        "output_token_throughput": out_tokens / dur if len(fin) else 0.0,
+        "total_token_throughput": (in_tokens + out_tokens) / dur if len(fin) else 0.0,
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "ttft": describe(fin["ttft"], percentiles),
+        "tpot": describe(fin["tpot"], percentiles),
+        "itl": describe(itl, percentiles),
+        "e2el": describe(fin["e2el"], percentiles),
+        "queue_time": describe(fin["queue_time"], percentiles),
+        "num_preemptions": int(df["num_preemptions"].sum()),
+        "prefix_hit_tokens": int(df["prefix_hit_tokens"].sum()),
+    }
+    if steps is not None and len(steps):
+        s["engine"] = {
+            "num_steps": int(len(steps)),
+            "mean_batch_size": float(steps["batch_size"].mean()),
+            "mean_scheduled_tokens": float(steps["scheduled_tokens"].mean()),
+            "busy_time_s": float(steps["duration"].sum()),
+            "peak_kv_usage": float(steps["kv_usage"].max()),
+            "mean_kv_usage": float(np.average(steps["kv_usage"], weights=steps["duration"])),
+            "peak_running": int(steps["num_running"].max()),
+            "peak_waiting": int(steps["num_waiting"].max()),
+        }
+    if slo and any(v is not None for v in slo.values()):
+        ok = pd.Series(True, index=fin.index)
+        for key, col in (("ttft_s", "ttft"), ("e2el_s", "e2el")):
+            if slo.get(key) is not None:
+                ok &= fin[col] <= slo[key]
+        if slo.get("tpot_s") is not None:
+            ok &= fin["tpot"].fillna(0.0) <= slo["tpot_s"]
+        good = int(ok.sum())
+        s["slo"] = {k: v for k, v in slo.items() if v is not None}
+        s["goodput"] = good / dur if len(fin) else 0.0
+        s["slo_attainment"] = good / n if n else 0.0
+    return s

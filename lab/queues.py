@@ -1,0 +1,111 @@
+"""Waiting queues, as vLLM V1's request_queue.py has them: FCFS (a deque) and priority (a heap).
+
+Both support the operations the schedulers need: ``add`` (an arrival), ``peek``/``pop`` (the head), ``prepend`` (a
+preempted request, which FCFS puts first and the priority heap simply pushes), ``prepend_all`` (requests skipped in
+one step go back to the head in their order), ``remove`` and iteration in service order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Iterable, Iterator, Protocol
+
+from lab.request import Request
+
+
+class WaitingQueue(Protocol):
+    """What every waiting queue offers a scheduler."""
+
+    def add(self, request: Request) -> None: ...
+    def peek(self) -> Request: ...
+    def pop(self) -> Request: ...
+    def prepend(self, request: Request) -> None: ...
+    def prepend_all(self, requests: Iterable[Request]) -> None: ...
+    def remove(self, request: Request) -> None: ...
+    def __len__(self) -> int: ...
+    def __bool__(self) -> bool: ...
+    def __iter__(self) -> Iterator[Request]: ...
+
+
+class FCFSQueue:
+    """First come, first served; a preempted request goes back to the head."""
+
+    def __init__(self) -> None:
+        self._q: deque[Request] = deque()
+
+    def add(self, request: Request) -> None:
+        self._q.append(request)
+
+    def peek(self) -> Request:
+        return self._q[0]
+
+    def pop(self) -> Request:
+        return self._q.popleft()
+
+    def prepend(self, request: Request) -> None:
+        self._q.appendleft(request)
+
+    def prepend_all(self, requests: Iterable[Request]) -> None:
+        self._q.extendleft(reversed(list(requests)))
+
+    def remove(self, request: Request) -> None:
+        self._q.remove(request)
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __bool__(self) -> bool:
+        return bool(self._q)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._q)
+
+
+class PriorityQueue:
+    """Heap on ``(priority, arrival_time, index)``; lower priority values are served first."""
+
+    def __init__(self) -> None:
+        self._h: list[tuple[int, float, int, Request]] = []
+
+    def add(self, request: Request) -> None:
+        heapq.heappush(self._h, (request.priority, request.arrival_time, request.index, request))
+
+    def peek(self) -> Request:
+        return self._h[0][3]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._h)[3]
+
+    def prepend(self, request: Request) -> None:
+        self.add(request)
+
+    def prepend_all(self, requests: Iterable[Request]) -> None:
+        for r in requests:
+            self.add(r)
+
+    def remove(self, request: Request) -> None:
+        self._h = [e for e in self._h if e[3] is not request]
+        heapq.heapify(self._h)
+
+    def __len__(self) -> int:
+        return len(self._h)
+
+    def __bool__(self) -> bool:
+        return bool(self._h)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(e[3] for e in sorted(self._h, key=lambda e: e[:3]))
+
+
+def make_queue(policy: str) -> FCFSQueue | PriorityQueue:
+    """Build the waiting queue for ``policy`` ("fcfs" or "priority").
+
+    Raises:
+        ValueError: for any other name.
+    """
+    if policy == "fcfs":
+        return FCFSQueue()
+    if policy == "priority":
+        return PriorityQueue()
+    raise ValueError(f"unknown queue policy {policy!r}; expected 'fcfs' or 'priority'")

@@ -1,0 +1,170 @@
+"""Request state, as vLLM V1 keeps it (vllm/v1/request.py).
+
+A request carries its trace facts (arrival time, prompt length, forced output length, optional prefix identity) and
+the engine counters the scheduler works with: ``num_computed_tokens`` (C), ``num_output_tokens``, the KV blocks it
+holds and the hashes of its full blocks. There is no prefill or decode phase: a step gives a request
+``num_new_tokens`` and C catches up with ``num_tokens``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Sequence
+
+
+class RequestStatus(enum.IntEnum):
+    """Lifecycle states; the names follow vLLM's ``RequestStatus``."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+    REJECTED = 4
+
+
+# Marker that makes a block's content unique to one request when no token ids are known; ints only, so Python's
+# hash() of the content tuple is the same in every process (str hashing is salted per process).
+_UNIQUE = -1
+
+
+class Request:
+    """One request of a trace, plus the engine's counters for it.
+
+    Args:
+        index: position in the trace (0-based); also the tie-breaker of every ordering.
+        arrival_time: seconds since the start of the run.
+        prompt_tokens: prompt length in tokens (>= 1).
+        output_tokens: tokens to generate (>= 1); a replay forces exactly this many (``ignore_eos``).
+        priority: lower is served first under the priority policy (vLLM convention).
+        request_id: the trace's own id, kept for reports; defaults to ``str(index)``.
+        prompt_token_ids: optional token ids of the prompt (prefix caching hashes them).
+        output_token_ids: optional token ids of the output (so a resumed request can hit its own output blocks).
+        hash_ids: optional per-block content ids of the prompt, as in the Mooncake trace.
+        hash_block_size: tokens covered by one entry of ``hash_ids`` (Mooncake: 512).
+
+    Raises:
+        ValueError: if a length is not positive or ``hash_block_size`` is not positive.
+    """
+
+    __slots__ = (
+        "index", "request_id", "arrival_time", "prompt_len", "max_tokens", "priority",
+        "prompt_token_ids", "output_token_ids", "hash_ids", "hash_block_size",
+        "status", "num_computed_tokens", "num_output_tokens", "num_preemptions",
+        "blocks", "num_cached_blocks", "block_hashes",
+        "first_scheduled_time", "first_token_time", "last_token_time", "finish_time",
+        "prefix_hit_tokens", "prefix_hit_recorded", "reason", "instance_id", "events",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        arrival_time: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        priority: int = 0,
+        request_id: str | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
+        output_token_ids: Sequence[int] | None = None,
+        hash_ids: Sequence[int] | None = None,
+        hash_block_size: int = 512,
+    ) -> None:
+        if prompt_tokens < 1:
+            raise ValueError(f"request {index}: prompt_tokens must be >= 1, got {prompt_tokens}")
+        if output_tokens < 1:
+            raise ValueError(f"request {index}: output_tokens must be >= 1, got {output_tokens}")
+        if hash_block_size < 1:
+            raise ValueError(f"request {index}: hash_block_size must be >= 1, got {hash_block_size}")
+        self.index = index
+        self.request_id = request_id if request_id is not None else str(index)
+        self.arrival_time = float(arrival_time)
+        self.prompt_len = int(prompt_tokens)
+        self.max_tokens = int(output_tokens)
+        self.priority = int(priority)
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids = output_token_ids
+        self.hash_ids = hash_ids
+        self.hash_block_size = hash_block_size
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.num_preemptions = 0
+        self.blocks: list = []
+        self.num_cached_blocks = 0
+        self.block_hashes: list[int] = []
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.finish_time: float | None = None
+        self.prefix_hit_tokens = 0
+        self.prefix_hit_recorded = False
+        self.reason = ""
+        self.instance_id = 0
+        # (time, event) pairs: "scheduled", "preempted", "resumed", "first_token", "finished", "rejected".
+        self.events: list[tuple[float, str]] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus tokens generated so far (vLLM ``num_tokens``)."""
+        return self.prompt_len + self.num_output_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus the whole forced output: the longest this request's sequence can become."""
+        return self.prompt_len + self.max_tokens
+
+    def sort_key(self) -> tuple[int, float, int]:
+        """Priority order of vLLM's ``Request.__lt__``: (priority, arrival_time, id), ascending."""
+        return (self.priority, self.arrival_time, self.index)
+
+    def ensure_block_hashes(self, num_blocks: int, block_size: int) -> list[int]:
+        """Extend ``block_hashes`` to cover the first ``num_blocks`` full blocks and return the list.
+
+        The hash of block i chains the hash of block i-1 with the block's content, as vLLM's
+        ``hash_block_tokens`` does (a block matches only if its whole prefix matches). Content is, by what the
+        trace gives: the token ids; else the ``hash_ids`` entry covering the block plus the block's offset inside
+        that entry; else a marker unique to this request. Positions past the known ids are unique to this request,
+        so generated tokens never collide across requests. Python's ``hash`` of int tuples is deterministic across
+        processes; a 64-bit collision is the only way two different prefixes could match.
+        """
+        hashes = self.block_hashes
+        start = len(hashes)
+        if start >= num_blocks:
+            return hashes
+        parent = hashes[-1] if hashes else 0
+        prompt_len = self.prompt_len
+        token_ids = self.prompt_token_ids
+        out_ids = self.output_token_ids
+        hash_ids = self.hash_ids
+        for i in range(start, num_blocks):
+            lo = i * block_size
+            hi = lo + block_size
+            content: tuple
+            if token_ids is not None and hi <= prompt_len:
+                content = tuple(token_ids[lo:hi])
+            elif token_ids is not None and out_ids is not None and hi <= prompt_len + len(out_ids):
+                if lo >= prompt_len:
+                    content = tuple(out_ids[lo - prompt_len:hi - prompt_len])
+                else:
+                    content = tuple(token_ids[lo:prompt_len]) + tuple(out_ids[:hi - prompt_len])
+            elif hash_ids is not None and hi <= prompt_len:
+                hb = self.hash_block_size
+                j = lo // hb
+                if j < len(hash_ids) and (hi - 1) // hb == j:
+                    content = (hash_ids[j], lo - j * hb)
+                else:
+                    content = (_UNIQUE, self.index, i)
+            else:
+                content = (_UNIQUE, self.index, i)
+            parent = hash((parent, content))
+            hashes.append(parent)
+        return hashes
+
+    def record(self, time: float, event: str) -> None:
+        """Append a lifecycle event when event recording is on (``events`` is a list)."""
+        if self.events is not None:
+            self.events.append((time, event))
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id}, t={self.arrival_time:.3f}, prompt={self.prompt_len}, "
+                f"out={self.num_output_tokens}/{self.max_tokens}, C={self.num_computed_tokens}, "
+                f"{self.status.name})")

@@ -1,0 +1,1 @@
+"""Workloads: trace loaders and synthetic generators."""
