@@ -225,14 +225,13 @@ class LLMServingSimProfileCostModel:
         return v if lo == hi else v + t * (at(toks[hi]) - v)
 
     def _attention_us(self, shape: BatchShape) -> float:
-        pc = sum(shape.prefill_new)
+        pc = shape.num_tokens - shape.num_decodes
         kp = sum(shape.prefill_context)
-        dc = shape.decode_context
-        nd = len(dc)
-        kvd = sum(dc) // nd if nd else 0
+        nd = shape.num_decodes
+        kvd = shape.decode_sum // nd if nd else 0
         t = self.attn.lookup_us(pc, kp, nd, kvd)
         if self.skew and nd > 1:
-            kmax, kmin = max(dc), min(dc)
+            kmax, kmin = shape.decode_max, shape.decode_min
             if kmax != kvd:
                 sr = (kvd - kmin) / (kmax - kmin) if kmax > kmin else 0.5
                 a = self.skew_axes

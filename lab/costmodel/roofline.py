@@ -62,6 +62,7 @@ class RooflineCostModel:
         self.abytes = 2  # activations in bf16
         self.kv_layer_bytes = model.kv_bytes_per_token(kv_dtype, tp) / model.num_layers
         self.peak = hardware.peak_flops(weight_dtype)
+        self._cache: dict[tuple[int, int], dict[str, float]] = {}
         self.attn_peak = hardware.bf16_flops
         m = model
         h = m.hidden_size
@@ -116,8 +117,8 @@ class RooflineCostModel:
                 kv_tokens += c + q
             byts = kv_tokens * self.kv_layer_bytes + 2 * sum(shape.prefill_new) * self.heads * max(m.head_dim, m.v_head_dim) * self.abytes
             t += max(pairs * pair_prefill / fl, byts / bw) + e.kernel_launch_s
-        if shape.decode_context:
-            ctx = sum(shape.decode_context) + len(shape.decode_context)
+        if shape.num_decodes:
+            ctx = shape.decode_sum + shape.num_decodes
             byts = ctx * self.kv_layer_bytes
             t += max(ctx * pair_decode / fl, byts / bw) + e.kernel_launch_s
         return t
@@ -148,12 +149,21 @@ class RooflineCostModel:
 
     def breakdown(self, shape: BatchShape) -> dict[str, float]:
         """Step time split into gemm, attention, moe, elementwise, communication, head and overhead (seconds)."""
+        T = shape.num_tokens
+        if T == 0:
+            return {"overhead": self.eff.step_overhead_s}
+        out = {k: v for k, v in self._token_terms(T, shape.num_seqs).items() if k != "_sum"}
+        out["attention"] = self._attention(shape) * self.model.num_layers
+        return out
+
+    def _token_terms(self, T: int, S: int) -> dict[str, float]:
+        """Every term that depends only on (tokens, sequences); cached."""
+        key = (T, S)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
         m = self.model
         e = self.eff
-        T = shape.num_tokens
-        S = shape.num_seqs
-        if T == 0:
-            return {"overhead": e.step_overhead_s}
         h = m.hidden_size
         L = m.num_layers
         attn_gemm = sum(self._gemm(T, k, n) for k, n in self.attn_gemms)
@@ -161,7 +171,6 @@ class RooflineCostModel:
         n_moe = m.num_moe_layers
         moe = self._moe(T) * n_moe if n_moe else 0.0
         gemm = attn_gemm * L + dense_mlp * (L - n_moe)
-        attention = self._attention(shape) * L
         bw = self.hw.memory_bandwidth * e.elementwise_memory
         # two RMSNorms, two residual adds, rotary on q/k: ~12 passes over T x h; activation reads 2i, writes i
         width = (m.intermediate_size if not n_moe else m.moe_intermediate_size * m.experts_per_token) / self.tp
@@ -169,8 +178,14 @@ class RooflineCostModel:
         comm = 2 * L * self._allreduce(T * h * self.abytes)
         vocab = m.vocab_size // self.tp
         head = self._gemm(S, h, vocab) + T * h * self.abytes / bw + S * m.vocab_size * 4 * 3 / bw + self._allreduce(S * m.vocab_size * 4 / self.tp)
-        return {"gemm": gemm, "attention": attention, "moe": moe, "elementwise": elem, "communication": comm,
-                "head": head, "overhead": e.step_overhead_s}
+        out = {"gemm": gemm, "moe": moe, "elementwise": elem, "communication": comm, "head": head,
+               "overhead": e.step_overhead_s}
+        out["_sum"] = sum(out.values())
+        self._cache[key] = out
+        return out
 
     def step_time(self, shape: BatchShape) -> float:
-        return sum(self.breakdown(shape).values())
+        T = shape.num_tokens
+        if T == 0:
+            return self.eff.step_overhead_s
+        return self._token_terms(T, shape.num_seqs)["_sum"] + self._attention(shape) * self.model.num_layers

@@ -1,0 +1,67 @@
+"""Shared helpers: a tiny engine with a constant step time, so hand-worked timings are easy to check."""
+
+from __future__ import annotations
+
+from array import array
+from pathlib import Path
+
+import pytest
+import simpy
+
+from lab.costmodel.base import BatchShape
+from lab.engine import Instance
+from lab.kv_cache import KVCacheManager
+from lab.paths import default_data_dir
+from lab.request import Request
+from lab.sched_api import SchedulerConfig
+from policies.vllm_v1 import VLLMV1Scheduler
+
+DATA_DIR = default_data_dir()
+
+
+def needs_data(*parts: str):
+    """Skip a test when the shared data file it reads is not present."""
+    path = DATA_DIR.joinpath(*parts)
+    return pytest.mark.skipif(not path.exists(), reason=f"shared data not found: {path}")
+
+
+class ConstantCost:
+    """Every step takes ``dt`` seconds; records the shapes it saw."""
+
+    name = "constant"
+
+    def __init__(self, dt: float = 1.0) -> None:
+        self.dt = dt
+        self.shapes: list[BatchShape] = []
+
+    def step_time(self, shape: BatchShape) -> float:
+        self.shapes.append(shape)
+        return self.dt
+
+    def breakdown(self, shape: BatchShape) -> dict[str, float]:
+        return {"total": self.dt}
+
+
+def make_engine(num_gpu_blocks: int = 64, block_size: int = 4, dt: float = 1.0, scheduler=None,
+                record_events: bool = True, prefix_caching: bool = True, **cfg) -> tuple[simpy.Environment, Instance, ConstantCost]:
+    env = simpy.Environment()
+    config = SchedulerConfig(**{"max_num_batched_tokens": 16, "max_num_seqs": 8, "max_model_len": 1024, **cfg})
+    kv = KVCacheManager(num_gpu_blocks, block_size, config.max_model_len, enable_prefix_caching=prefix_caching)
+    cost = ConstantCost(dt)
+    inst = Instance(env, 0, config, scheduler or VLLMV1Scheduler(), kv, cost, array("d"),
+                    record_events=record_events)
+    return env, inst, cost
+
+
+def submit(env: simpy.Environment, inst: Instance, reqs: list[Request]) -> None:
+    def arrivals():
+        for r in sorted(reqs, key=lambda r: r.arrival_time):
+            if r.arrival_time > env.now:
+                yield env.timeout(r.arrival_time - env.now)
+            inst.add_request(r)
+
+    env.process(arrivals())
+
+
+def req(i: int, prompt: int, output: int, t: float = 0.0, **kw) -> Request:
+    return Request(i, t, prompt, output, **kw)

@@ -1,0 +1,80 @@
+"""End to end through the command line: run, validate, catalog, policies."""
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from lab.cli import app
+from tests.conftest import needs_data
+
+runner = CliRunner()
+REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def test_run_demo_writes_every_output(tmp_path):
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["run", str(REPO / "experiments" / "demo.yaml"), "--out", str(out), "-q",
+                              "--set", "workload.num_requests=80"])
+    assert res.exit_code == 0, res.output
+    for f in ("requests.parquet", "requests.csv", "steps.parquet", "summary.json", "report.md", "latency_cdf.png",
+              "timeseries.png", "events.parquet"):
+        assert (out / f).is_file(), f
+    s = json.loads((out / "summary.json").read_text())
+    assert s["num_requests"] == 80 and s["num_finished"] + s["num_rejected"] + s["num_unfinished"] == 80
+    req = pd.read_parquet(out / "requests.parquet")
+    for col in ("request_id", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
+                "prompt_tokens", "output_tokens", "ttft", "tpot", "e2el", "num_preemptions", "prefix_hit_tokens",
+                "status", "reason"):
+        assert col in req.columns
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert len(steps) > 0 and {"start", "duration", "scheduled_tokens", "batch_size", "kv_blocks_used"} <= set(steps.columns)
+
+
+def test_same_seed_same_results(tmp_path):
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"o{i}"
+        res = runner.invoke(app, ["run", str(REPO / "experiments" / "demo.yaml"), "--out", str(out), "-q",
+                                  "--no-plots", "--set", "workload.num_requests=60"])
+        assert res.exit_code == 0, res.output
+        outs.append(pd.read_csv(out / "requests.csv"))
+    pd.testing.assert_frame_equal(outs[0], outs[1])
+
+
+def test_bad_experiment_fails_with_a_clear_message(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: bad\nengine: {max_num_seqs: zero}\n")
+    res = runner.invoke(app, ["run", str(p)])
+    assert res.exit_code == 2
+    assert "engine.max_num_seqs" in res.output
+
+
+def test_missing_trace_fails_with_a_clear_message(tmp_path):
+    p = tmp_path / "t.yaml"
+    p.write_text("name: t\nworkload: {source: csv, path: nope.csv}\n")
+    res = runner.invoke(app, ["run", str(p), "-q"])
+    assert res.exit_code == 2 and "nope.csv" in res.output
+
+
+def test_catalog_and_policies_list():
+    res = runner.invoke(app, ["catalog"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "DeepSeek-V3" in res.output and "H100-SXM5-80GB" in res.output
+    res = runner.invoke(app, ["policies"])
+    assert res.exit_code == 0 and "vllm_v1" in res.output
+
+
+@pytest.mark.parametrize("gpu", ["RTX4090", "RTXPRO6000"])
+def test_validate_measured_llmservingsim_runs_within_15_percent(tmp_path, gpu):
+    pytest.importorskip("pyarrow")
+    exp = REPO / "experiments" / f"llmservingsim_{gpu.lower()}_llama8b.yaml"
+    marker = needs_data("validation", "llmservingsim", "bench_examples", gpu)
+    if marker.args[0]:
+        pytest.skip("shared data not found")
+    res = runner.invoke(app, ["validate", str(exp), "--out", str(tmp_path), "-q", "--no-plots"])
+    assert res.exit_code == 0, res.output
+    v = json.loads((tmp_path / "validation.json").read_text())
+    assert v["num_compared"] == 300
+    for m in ("ttft", "tpot", "e2el"):
+        assert abs(v["metrics"][m]["mean"]["error_pct"]) < 15, (m, v["metrics"][m]["mean"])

@@ -1,0 +1,60 @@
+"""Experiment files: validation errors name the file and field; overrides; path expansion."""
+
+import pytest
+
+from lab.config import ConfigError, load_experiment, parse_set_option
+
+
+def write(tmp_path, text):
+    p = tmp_path / "exp.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_minimal_experiment_gets_defaults(tmp_path):
+    exp = load_experiment(write(tmp_path, "name: x\n"))
+    assert exp.engine.max_num_batched_tokens == 8192 and exp.policy.scheduler == "vllm_v1"
+    assert exp.workload.source == "synthetic"
+
+
+def test_bad_field_value_names_file_field_and_value(tmp_path):
+    p = write(tmp_path, "name: x\nengine:\n  max_num_seqs: -3\n")
+    with pytest.raises(ConfigError) as e:
+        load_experiment(p)
+    msg = str(e.value)
+    assert "exp.yaml" in msg and "engine.max_num_seqs" in msg and "-3" in msg
+
+
+def test_unknown_field_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="engine.max_num_seq"):
+        load_experiment(write(tmp_path, "name: x\nengine:\n  max_num_seq: 3\n"))
+
+
+def test_trace_source_needs_a_path(tmp_path):
+    with pytest.raises(ConfigError, match="needs 'path'"):
+        load_experiment(write(tmp_path, "name: x\nworkload:\n  source: azure\n"))
+
+
+def test_not_yaml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_experiment(write(tmp_path, "name: [x\n"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_experiment(tmp_path / "missing.yaml")
+
+
+def test_set_overrides_parse_yaml_scalars(tmp_path):
+    over = parse_set_option(["engine.max_num_seqs=64", "engine.enable_chunked_prefill=false", "name=y"])
+    exp = load_experiment(write(tmp_path, "name: x\n"), overrides=over)
+    assert exp.engine.max_num_seqs == 64 and exp.engine.enable_chunked_prefill is False and exp.name == "y"
+    with pytest.raises(ConfigError, match="FIELD.PATH=VALUE"):
+        parse_set_option(["oops"])
+
+
+def test_paths_expand_data_dir_and_resolve_relative_to_the_file(tmp_path):
+    (tmp_path / "data").mkdir()
+    exp = load_experiment(write(tmp_path, "name: x\n"), data_dir=tmp_path / "data")
+    assert exp.path("{data_dir}/a.csv", "f") == tmp_path / "data" / "a.csv"
+    assert exp.path("b.csv", "f") == tmp_path / "b.csv"
+    exp = load_experiment(write(tmp_path, "name: x\n"), data_dir=tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="SERVELAB_DATA_DIR"):
+        exp.path("{data_dir}/a.csv", "workload.path")

@@ -1,0 +1,158 @@
+"""KV block accounting, prefix caching and eviction against shared/specs/vllm-v1-scheduling.md §2."""
+
+import pytest
+
+from lab.kv_cache import BlockPool, KVCacheManager
+from lab.request import Request
+
+
+def test_block_zero_is_reserved_and_usage_counts_usable_blocks():
+    kv = KVCacheManager(num_gpu_blocks=11, block_size=16, max_model_len=4096)
+    assert kv.num_free_blocks == 10
+    r = Request(0, 0.0, 40, 5)
+    assert kv.allocate_slots(r, 40)
+    assert len(r.blocks) == 3  # ceil(40 / 16)
+    assert all(b.block_id != 0 for b in r.blocks)
+    assert kv.num_free_blocks == 7
+    assert kv.usage() == pytest.approx(0.3)
+    kv.free(r)
+    assert kv.num_free_blocks == 10 and r.blocks == []
+
+
+def test_allocation_grows_only_at_block_boundaries():
+    kv = KVCacheManager(11, 16, 4096)
+    r = Request(0, 0.0, 16, 5)
+    assert kv.allocate_slots(r, 16)
+    r.num_computed_tokens = 16
+    r.num_output_tokens = 1  # num_tokens 17: the next decode needs a 2nd block
+    assert kv.allocate_slots(r, 1)
+    assert len(r.blocks) == 2
+    r.num_computed_tokens = 17
+    r.num_output_tokens = 2
+    assert kv.allocate_slots(r, 1)
+    assert len(r.blocks) == 2
+
+
+def test_allocation_fails_without_side_effects_when_blocks_run_out():
+    kv = KVCacheManager(4, 16, 4096)  # 3 usable blocks
+    r = Request(0, 0.0, 64, 5)
+    assert not kv.allocate_slots(r, 64)
+    assert r.blocks == [] and kv.num_free_blocks == 3
+
+
+def test_allocation_caps_at_max_model_len():
+    kv = KVCacheManager(20, 16, max_model_len=40)
+    r = Request(0, 0.0, 32, 8)
+    assert kv.allocate_slots(r, 32, num_lookahead_tokens=30)
+    assert len(r.blocks) == 3  # min(62, 40) tokens -> 3 blocks
+
+
+def test_prefix_hit_is_capped_so_the_last_block_is_recomputed():
+    # spec example: N = 32, bs = 16 -> hit 16, compute 16
+    kv = KVCacheManager(20, 16, 4096)
+    ids = list(range(100, 132))
+    a = Request(0, 0.0, 32, 4, prompt_token_ids=ids)
+    hits, n = kv.get_computed_blocks(a)
+    assert n == 0
+    assert kv.allocate_slots(a, 32)
+    b = Request(1, 0.0, 32, 4, prompt_token_ids=list(ids))
+    hits, n = kv.get_computed_blocks(b)
+    assert n == 16 and hits == [a.blocks[0]]
+    c = Request(2, 0.0, 33, 4, prompt_token_ids=ids + [7])
+    hits, n = kv.get_computed_blocks(c)
+    assert n == 32  # 33 tokens: both full blocks hit, the 33rd token is computed
+
+
+def test_prefix_hit_needs_the_whole_chain():
+    kv = KVCacheManager(20, 4, 4096)
+    a = Request(0, 0.0, 12, 2, prompt_token_ids=[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
+    assert kv.allocate_slots(a, 12)
+    # same second block, different first block: no hit (hashes chain the prefix)
+    b = Request(1, 0.0, 12, 2, prompt_token_ids=[0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
+    assert kv.get_computed_blocks(b)[1] == 0
+    # same first block only
+    c = Request(2, 0.0, 12, 2, prompt_token_ids=[1, 2, 3, 4, 0, 0, 0, 0, 9, 10, 11, 12])
+    assert kv.get_computed_blocks(c)[1] == 4
+
+
+def test_hash_ids_give_prefix_hits_at_block_granularity():
+    kv = KVCacheManager(200, 16, 100000)
+    a = Request(0, 0.0, 1100, 2, hash_ids=[7, 8, 9])
+    assert kv.allocate_slots(a, 1100)
+    b = Request(1, 0.0, 1000, 2, hash_ids=[7, 8])
+    _, n = kv.get_computed_blocks(b)
+    assert n == 992  # (1000 - 1) // 16 full blocks = 62 blocks; all inside shared hash blocks 7 and 8
+    c = Request(2, 0.0, 600, 2, hash_ids=[7, 5])
+    assert kv.get_computed_blocks(c)[1] == 512
+
+
+def test_requests_without_identity_never_share_blocks():
+    kv = KVCacheManager(50, 16, 4096)
+    a = Request(0, 0.0, 64, 2)
+    assert kv.allocate_slots(a, 64)
+    b = Request(1, 0.0, 64, 2)
+    assert kv.get_computed_blocks(b)[1] == 0
+
+
+def test_freed_blocks_keep_hashes_until_reused_and_lru_evicts_oldest_first():
+    kv = KVCacheManager(5, 4, 4096)  # 4 usable blocks
+    a = Request(0, 0.0, 8, 2, prompt_token_ids=[1] * 8)
+    assert kv.allocate_slots(a, 8)
+    kv.free(a)
+    b = Request(1, 0.0, 9, 2, prompt_token_ids=[1] * 8 + [2])
+    hits, n = kv.get_computed_blocks(b)
+    assert n == 8  # a's blocks are free but still cached
+    # filling the cache with new content evicts them, oldest (head of the free queue) first
+    c = Request(2, 0.0, 16, 2, prompt_token_ids=[3] * 16)
+    assert kv.allocate_slots(c, 16)
+    assert kv.get_computed_blocks(b)[1] == 0
+
+
+def test_free_order_puts_a_requests_tail_block_closest_to_eviction():
+    pool = BlockPool(6)
+    blocks = pool.get_new_blocks(3)
+    for i, b in enumerate(blocks):
+        pool.cache_block(b, 1000 + i)
+    pool.free_blocks(list(reversed(blocks)))  # vLLM frees in reverse order
+    # the tail block of the request (1002) was freed first, so it sits closest to the head among the three
+    order = [b.block_id for b in pool.free_queue.values()]
+    assert order[-3:] == [blocks[2].block_id, blocks[1].block_id, blocks[0].block_id]
+
+
+def test_unhashed_freed_blocks_are_reused_first_in_current_vllm_but_not_legacy():
+    for prepend, expect_head in ((True, True), (False, False)):
+        pool = BlockPool(6, prepend_unhashed=prepend)
+        (b,) = pool.get_new_blocks(1)
+        pool.free_blocks([b])
+        head = next(iter(pool.free_queue.values()))
+        assert (head is b) == expect_head
+
+
+def test_touching_a_free_cached_block_counts_against_free_blocks():
+    kv = KVCacheManager(4, 4, 4096)  # 3 usable
+    a = Request(0, 0.0, 8, 2, prompt_token_ids=list(range(8)))
+    assert kv.allocate_slots(a, 8)
+    kv.free(a)
+    b = Request(1, 0.0, 13, 2, prompt_token_ids=list(range(8)) + [9] * 5)
+    hits, n = kv.get_computed_blocks(b)
+    assert n == 8
+    # needs 2 hit blocks (free, evictable) + 2 new blocks = 4 > 3 free
+    assert not kv.allocate_slots(b, 5, hits, n)
+    b2 = Request(2, 0.0, 12, 2, prompt_token_ids=list(range(8)) + [9] * 4)
+    hits, n = kv.get_computed_blocks(b2)
+    assert kv.allocate_slots(b2, 4, hits, n)
+    assert len(b2.blocks) == 3 and b2.blocks[:2] == hits and all(h.ref_cnt == 1 for h in hits)
+
+
+def test_full_sequence_gate_checks_the_whole_prompt_not_just_the_chunk():
+    kv = KVCacheManager(5, 4, 4096)  # 4 usable
+    r = Request(0, 0.0, 20, 2)  # 5 blocks for the whole prompt
+    assert not kv.allocate_slots(r, 4, full_sequence_must_fit=True)
+    assert kv.allocate_slots(r, 4, full_sequence_must_fit=False)
+
+
+def test_watermark_reserves_blocks():
+    kv = KVCacheManager(5, 4, 4096)
+    r = Request(0, 0.0, 12, 2)
+    assert not kv.allocate_slots(r, 12, reserved_blocks=2)
+    assert kv.allocate_slots(r, 12, reserved_blocks=1)
