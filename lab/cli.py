@@ -161,14 +161,15 @@ def catalog() -> None:
 @app.command()
 def policies() -> None:
     """List the registered scheduling policies."""
-    from policies import describe
+    from policies import describe, describe_routers
 
-    t = Table(title="schedulers")
-    t.add_column("name")
-    t.add_column("description")
-    for n, d in describe().items():
-        t.add_row(n, d)
-    console.print(t)
+    for title, items in (("schedulers", describe()), ("routers", describe_routers())):
+        t = Table(title=title)
+        t.add_column("name")
+        t.add_column("description")
+        for n, d in items.items():
+            t.add_row(n, d)
+        console.print(t)
 
 
 if __name__ == "__main__":

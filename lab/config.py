@@ -129,6 +129,13 @@ class EfficiencyConfig(_Strict):
     step_overhead_s: float | None = Field(None, ge=0)
 
 
+class ClusterConfig(_Strict):
+    """Several identical instances behind a router."""
+
+    num_instances: int = Field(1, ge=1)
+    router: str = "round_robin"
+
+
 class CostModelConfig(_Strict):
     """Where step times come from: ``roofline`` (analytic) or ``llmservingsim_profile`` (measured layer tables)."""
 
@@ -185,6 +192,7 @@ class Experiment(_Strict):
     hardware: HardwareConfig = HardwareConfig()
     engine: EngineConfig = EngineConfig()
     policy: PolicyConfig = PolicyConfig()
+    cluster: ClusterConfig = ClusterConfig()
     cost_model: CostModelConfig = CostModelConfig()
     simulation: SimulationConfig = SimulationConfig()
     validation: ValidationConfig | None = None

@@ -108,6 +108,16 @@ class Instance:
         if request.events is not None:
             request.events.append((self.env.now, "preempted"))
 
+    @property
+    def num_outstanding_tokens(self) -> int:
+        """Tokens still to compute (prompt and recompute) or generate for every request on this instance."""
+        total = 0
+        for r in self.running:
+            total += r.total_tokens - r.num_computed_tokens
+        for r in self.waiting:
+            total += r.total_tokens - r.num_computed_tokens
+        return total
+
     # ---- arrivals ----
     def add_request(self, request: Request) -> None:
         """Accept an arriving request, or reject it with a reason if it can never be served."""

@@ -106,3 +106,26 @@ class Scheduler(Protocol):
     """A scheduling policy: one call per engine step."""
 
     def schedule(self, engine: EngineView) -> SchedulerOutput: ...
+
+
+class InstanceView(Protocol):
+    """What a router sees of one instance."""
+
+    instance_id: int
+    running: list[Request]
+    waiting: WaitingQueue
+    kv: KVCacheManager
+
+    @property
+    def num_outstanding_tokens(self) -> int:
+        """Tokens still to compute or generate for every request on this instance."""
+        ...
+
+
+@runtime_checkable
+class Router(Protocol):
+    """A global scheduler: picks the instance for each arriving request."""
+
+    def route(self, request: Request, instances: "list[InstanceView]", now: float) -> int:
+        """Return the index in ``instances`` of the instance that gets ``request``."""
+        ...

@@ -21,7 +21,7 @@ from lab.kv_cache import KVCacheManager
 from lab.request import Request, RequestStatus
 from lab.sched_api import SchedulerConfig
 from lab.workload import loaders, synthetic
-from policies import make_scheduler
+from policies import make_router, make_scheduler
 
 
 @dataclass
@@ -157,20 +157,26 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
             progress(done[0], total)
 
     e = exp.engine
-    kv = KVCacheManager(dep.num_gpu_blocks, e.block_size, dep.scheduler_config.max_model_len,
-                        enable_prefix_caching=e.enable_prefix_caching,
-                        prepend_unhashed=e.vllm_version != "legacy")
-    scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir)
-    inst = Instance(env, 0, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
-                    record_events=exp.simulation.record_events)
-    instances = [inst]
+    instances = []
+    for i in range(exp.cluster.num_instances):
+        kv = KVCacheManager(dep.num_gpu_blocks, e.block_size, dep.scheduler_config.max_model_len,
+                            enable_prefix_caching=e.enable_prefix_caching,
+                            prepend_unhashed=e.vllm_version != "legacy")
+        scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir)
+        instances.append(Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
+                                  record_events=exp.simulation.record_events))
+    router = make_router(exp.cluster.router)
 
     def arrivals():
+        single = instances[0] if len(instances) == 1 else None
         for r in reqs:
             dt = r.arrival_time - env.now
             if dt > 0:
                 yield env.timeout(dt)
-            inst.add_request(r)
+            if single is not None:
+                single.add_request(r)
+            else:
+                instances[router.route(r, instances, env.now)].add_request(r)
 
     env.process(arrivals())
     horizon = exp.simulation.horizon_s

@@ -11,11 +11,17 @@ import inspect
 from pathlib import Path
 from typing import Callable
 
-from lab.sched_api import Scheduler
+from lab.sched_api import Router, Scheduler
+from policies.routers import RoundRobinRouter
 from policies.vllm_v1 import VLLMV1Scheduler
 
 _REGISTRY: dict[str, Callable[[], Scheduler]] = {
     "vllm_v1": VLLMV1Scheduler,
+}
+
+
+_ROUTERS: dict[str, Callable[[], Router]] = {
+    "round_robin": RoundRobinRouter,
 }
 
 
@@ -27,9 +33,30 @@ def scheduler_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def router_names() -> list[str]:
+    return sorted(_ROUTERS)
+
+
 def describe() -> dict[str, str]:
-    """Name -> first line of the policy's docstring."""
+    """Name -> first line of the scheduler's docstring."""
     return {n: (inspect.getdoc(c) or "").splitlines()[0] for n, c in sorted(_REGISTRY.items())}
+
+
+def describe_routers() -> dict[str, str]:
+    """Name -> first line of the router's docstring."""
+    return {n: (inspect.getdoc(c) or "").splitlines()[0] for n, c in sorted(_ROUTERS.items())}
+
+
+def make_router(name: str) -> Router:
+    """Build a router by registry name.
+
+    Raises:
+        PolicyError: unknown name.
+    """
+    factory = _ROUTERS.get(name)
+    if factory is None:
+        raise PolicyError(f"cluster.router: unknown router {name!r}; known: {', '.join(router_names())}")
+    return factory()
 
 
 def register(name: str, factory: Callable[[], Scheduler]) -> None:

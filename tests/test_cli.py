@@ -78,3 +78,15 @@ def test_validate_measured_llmservingsim_runs_within_15_percent(tmp_path, gpu):
     assert v["num_compared"] == 300
     for m in ("ttft", "tpot", "e2el"):
         assert abs(v["metrics"][m]["mean"]["error_pct"]) < 15, (m, v["metrics"][m]["mean"])
+
+
+def test_cluster_of_instances_round_robin(tmp_path):
+    out = tmp_path / "c"
+    res = runner.invoke(app, ["run", str(REPO / "experiments" / "demo.yaml"), "--out", str(out), "-q", "--no-plots",
+                              "--set", "workload.num_requests=40", "--set", "cluster.num_instances=3"])
+    assert res.exit_code == 0, res.output
+    req = pd.read_csv(out / "requests.csv")
+    assert sorted(req["instance"].unique()) == [0, 1, 2]
+    assert (req.groupby("instance").size() >= 13).all()
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert sorted(steps["instance"].unique()) == [0, 1, 2]

@@ -13,7 +13,7 @@ def fields(model):
 
 def test_every_experiment_field_is_documented():
     sections = {"workload": config.WorkloadConfig, "model": config.ModelConfig, "hardware": config.HardwareConfig,
-                "engine": config.EngineConfig, "policy": config.PolicyConfig, "cost_model": config.CostModelConfig,
+                "engine": config.EngineConfig, "policy": config.PolicyConfig, "cluster": config.ClusterConfig, "cost_model": config.CostModelConfig,
                 "simulation": config.SimulationConfig, "slo": config.SLOConfig, "validation": config.ValidationConfig,
                 "output": config.OutputConfig}
     missing = []
