@@ -103,24 +103,19 @@ def run(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, data_d
 def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, data_dir: Optional[Path] = DATA_OPT,
              set_: Optional[list[str]] = SET_OPT, no_plots: bool = typer.Option(False, "--no-plots"),
              quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
-    """Run an experiment and compare it with the measured per-request timings it names (validation.measured)."""
-    from lab.report import write_report
-    from lab.validate import ValidationError, compare, load_measured, write_validation
+    """Run an experiment and compare it with the measured run it names (validation.measured): latency errors,
+    per-request error distributions, queue/KV time series and where the simulated time goes."""
+    from lab.validate import ValidationError, run_validation
 
     exp = _load(experiment, data_dir, set_)
     if exp.validation is None:
         _fail(f"{experiment}: no 'validation' section (validation.measured names the measured requests file)")
+    out_dir = _out_dir(exp, out)
     try:
-        measured = load_measured(exp.path(exp.validation.measured, "validation.measured"), exp.validation.format)
+        report = run_validation(exp, out_dir, lambda e: _simulate_with_breakdown(e, not quiet),
+                                plots=exp.output.plots and not no_plots)
     except ValidationError as e:
         _fail(str(e))
-    result = _simulate(exp, not quiet)
-    out_dir = _out_dir(exp, out)
-    summary = write_report(result, out_dir, plots=exp.output.plots and not no_plots)
-    from lab.metrics import requests_frame
-
-    report = compare(measured, requests_frame(result.requests))
-    write_validation(report, out_dir)
     t = Table(title=f"{exp.name}: simulated vs measured ({report['num_compared']} requests)")
     for c in ("metric", "measured", "simulated", "error %"):
         t.add_column(c, justify="right")
@@ -130,8 +125,22 @@ def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, d
             t.add_row(f"{m.upper()} {stat}", f"{row['measured'] * 1000:.1f} ms", f"{row['simulated'] * 1000:.1f} ms",
                       f"{row['error_pct']:+.1f}")
     console.print(t)
-    console.print(f"wrote {out_dir}/validation.json")
-    _ = summary
+    kv = report.get("kv_capacity") or {}
+    console.print(f"KV blocks: simulated with {kv.get('used')}, derived {kv.get('derived')}, measured "
+                  f"{kv.get('measured')}")
+    console.print(f"wrote {out_dir}/validation.md, validation.json, validation_requests.csv")
+
+
+def _simulate_with_breakdown(exp, show_progress: bool):
+    from lab.simulation import build_requests, simulate
+
+    if not show_progress:
+        return simulate(exp, build_requests(exp), record_breakdown=True)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        reqs = build_requests(exp)
+        task = bar.add_task(f"simulating {exp.name}", total=len(reqs))
+        return simulate(exp, reqs, lambda d, t: bar.update(task, completed=d), record_breakdown=True)
 
 
 @app.command()

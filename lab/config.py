@@ -50,10 +50,11 @@ class WorkloadConfig(_Strict):
 
     ``source`` picks the loader: ``synthetic`` (seeded generator), ``azure`` (Azure LLM inference 2023 CSV),
     ``mooncake`` (Mooncake JSONL with prefix hash_ids), ``llmservingsim`` (LLMServingSim workload JSONL with token
-    ids) or ``csv`` (arrival_time_s, prompt_tokens, output_tokens).
+    ids), ``csv`` (arrival_time_s, prompt_tokens, output_tokens) or ``vllm_bench`` (a ``vllm bench serve``
+    detailed result JSON).
     """
 
-    source: Literal["synthetic", "azure", "mooncake", "llmservingsim", "csv"] = "synthetic"
+    source: Literal["synthetic", "azure", "mooncake", "llmservingsim", "csv", "vllm_bench"] = "synthetic"
     path: str | None = None
     num_requests: int = Field(500, ge=1)
     rate: float = Field(5.0, gt=0, description="requests per second (synthetic)")
@@ -91,6 +92,16 @@ class HardwareConfig(_Strict):
     link_latency_us: float = Field(10.0, ge=0, description="collective latency per call (µs)")
 
 
+class CPUOverheadConfig(_Strict):
+    """CPU time of one engine step (scheduling, input preparation, sampling, output processing), seconds:
+    base + per_seq · sequences + per_token · tokens. Defaults: a linear fit of Vidur's measured per-iteration CPU
+    overheads (lab/engine_calibration.py)."""
+
+    base_s: float = Field(8.9e-4, ge=0)
+    per_seq_s: float = Field(3.75e-5, ge=0)
+    per_token_s: float = Field(0.0, ge=0)
+
+
 class EngineConfig(_Strict):
     """vLLM engine arguments (same names and defaults as vLLM 0.33 on a >=70 GB GPU)."""
 
@@ -99,13 +110,18 @@ class EngineConfig(_Strict):
     max_model_len: int | None = Field(None, ge=2, description="default: the model's max_position_embeddings")
     block_size: int = Field(16, ge=1)
     num_gpu_blocks: int | None = Field(None, ge=2, description="measured block count; default: derived")
-    gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="default: 0.92 (0.33), 0.9 before")
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = Field(0, ge=0)
-    scheduler_reserve_full_isl: bool = True
+    scheduler_reserve_full_isl: bool | None = Field(None, description="default: True (0.19 and later)")
     watermark: float = Field(0.0, ge=0, lt=1)
-    vllm_version: Literal["0.33", "legacy"] = Field("0.33", description="'legacy' = 0.10-0.2x behaviour")
+    async_scheduling: bool | None = Field(None, description="default: True (0.19 and later)")
+    cudagraph: bool = Field(True, description="pad steps to CUDA-graph capture sizes (vLLM default)")
+    cudagraph_capture_sizes: list[int] | None = Field(None, description="default: vLLM's list up to "
+                                                      "min(2 x max_num_seqs, 512)")
+    cpu_overhead: CPUOverheadConfig = CPUOverheadConfig()
+    vllm_version: Literal["0.33", "0.19", "0.11"] = Field("0.33", description="behaviour set of this vLLM era")
 
 
 class PolicyConfig(_Strict):
@@ -163,8 +179,11 @@ class ValidationConfig(_Strict):
     """Measured per-request timings to compare with (``servelab validate``)."""
 
     measured: str
-    format: Literal["llmservingsim"] = "llmservingsim"
-    timeseries: str | None = None
+    format: Literal["llmservingsim", "vllm_bench"] = "llmservingsim"
+    timeseries: str | None = Field(None, description="measured 1-s series; llmservingsim: default timeseries.csv "
+                                   "beside the measured file")
+    num_gpu_blocks: int | None = Field(None, ge=1, description="measured block count; llmservingsim: default from "
+                                       "meta.json beside the measured file")
 
 
 class SLOConfig(_Strict):

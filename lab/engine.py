@@ -10,9 +10,11 @@ output length and freeing their blocks at once (vLLM ``update_from_output``).
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass
 from typing import Callable
 
 import simpy
+from bisect import bisect_left
 
 from lab.costmodel.base import BatchShape, CostModel
 from lab.kv_cache import KVCacheManager
@@ -24,6 +26,47 @@ STEP_COLUMNS = (
     "instance", "start", "duration", "scheduled_tokens", "prefill_tokens", "decode_requests", "batch_size",
     "kv_blocks_used", "kv_usage", "num_running", "num_waiting", "num_preempted", "output_tokens",
 )
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How an instance executes steps (independent of the scheduling policy).
+
+    Attributes:
+        async_scheduling: vLLM's async scheduling: the next step is scheduled while the current one runs (one step
+            of lookahead), so a step's CPU work overlaps the previous step's GPU work. Only used with schedulers that
+            declare ``supports_async``.
+        cpu_base_s, cpu_per_seq_s, cpu_per_token_s: CPU time of one step (scheduling, input preparation, sampling
+            and output processing) = base + per_seq · sequences + per_token · tokens. Sync scheduling adds it to
+            the GPU time; async scheduling hides it behind the GPU unless it is longer.
+        cudagraph_sizes: sorted token counts with a captured CUDA graph; a step's token count is padded up to the
+            next size (full graphs for pure decodes, piecewise graphs for mixed steps; larger steps run unpadded).
+            Empty = no padding (eager mode).
+        record_breakdown: also record each step's cost breakdown (slower; used by ``servelab validate``).
+    """
+
+    async_scheduling: bool = False
+    cpu_base_s: float = 0.0
+    cpu_per_seq_s: float = 0.0
+    cpu_per_token_s: float = 0.0
+    cudagraph_sizes: tuple[int, ...] = ()
+    record_breakdown: bool = False
+
+
+class _Step:
+    """A step that has been scheduled: its requests, their token counts, and whether each samples a token."""
+
+    __slots__ = ("reqs", "news", "samples", "shape", "dt", "scheduled_at", "used_blocks", "num_preempted")
+
+    def __init__(self, reqs, news, samples, shape, dt, scheduled_at, used_blocks, num_preempted):
+        self.reqs = reqs
+        self.news = news
+        self.samples = samples
+        self.shape = shape
+        self.dt = dt
+        self.scheduled_at = scheduled_at
+        self.used_blocks = used_blocks
+        self.num_preempted = num_preempted
 
 
 class StepLog:
@@ -53,23 +96,28 @@ class Instance:
         itl_samples: shared array receiving every inter-token latency sample (seconds).
         on_done: called with each request that finishes or is rejected.
         record_events: keep each request's (time, event) history.
+        options: step execution options (async scheduling, CPU overhead, CUDA-graph padding).
     """
 
     def __init__(self, env: simpy.Environment, instance_id: int, config: SchedulerConfig, scheduler: Scheduler,
                  kv: KVCacheManager, cost_model: CostModel, itl_samples: array,
-                 on_done: Callable[[Request], None] | None = None, record_events: bool = False) -> None:
+                 on_done: Callable[[Request], None] | None = None, record_events: bool = False,
+                 options: EngineOptions | None = None) -> None:
         self.env = env
         self.instance_id = instance_id
         self.config = config
         self.scheduler = scheduler
         self.kv = kv
         self.cost_model = cost_model
+        self.options = options or EngineOptions()
+        self.async_scheduling = self.options.async_scheduling and bool(getattr(scheduler, "supports_async", False))
         self.running: list[Request] = []
         self.waiting = make_queue(config.queue_policy)
         self.itl = itl_samples
         self.on_done = on_done
         self.record_events = record_events
         self.steps = StepLog()
+        self.breakdown: dict[str, array] = {}
         self.num_preemptions = 0
         self.busy_time = 0.0
         self._wakeup: simpy.Event | None = None
@@ -102,12 +150,12 @@ class Instance:
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_output_placeholders = 0  # a token sampled by a step in flight is dropped
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend(request)
         if request.events is not None:
             request.events.append((self.env.now, "preempted"))
-
     @property
     def num_outstanding_tokens(self) -> int:
         """Tokens still to compute (prompt and recompute) or generate for every request on this instance."""
@@ -159,69 +207,117 @@ class Instance:
             self.on_done(request)
 
     # ---- the engine loop ----
+    def _launch(self) -> _Step | None:
+        """Schedule one step and apply vLLM's ``_update_after_schedule``: C += n, and a request whose C reaches
+        ``num_tokens`` + placeholders will sample a token (P += 1). Returns None when nothing was scheduled."""
+        out = self.scheduler.schedule(self)
+        reqs = out.requests
+        if not reqs:
+            return None
+        now = self.env.now
+        news = out.num_new_tokens
+        before = []
+        samples = []
+        for r, n in zip(reqs, news):
+            c = r.num_computed_tokens
+            before.append(c)
+            c += n
+            r.num_computed_tokens = c
+            if c >= r.prompt_len + r.num_output_tokens + r.num_output_placeholders:
+                r.num_output_placeholders += 1
+                samples.append(True)
+            else:
+                samples.append(False)
+            if r.first_scheduled_time is None:
+                r.first_scheduled_time = now
+        shape = BatchShape.from_requests(news, before)
+        opt = self.options
+        sizes = opt.cudagraph_sizes
+        cost = self.cost_model
+        if sizes and shape.num_tokens <= sizes[-1]:
+            shape.padded_tokens = sizes[bisect_left(sizes, shape.num_tokens)]
+        dt = cost.step_time(shape)
+        if opt.record_breakdown:
+            self._record_breakdown(shape)
+        cpu = opt.cpu_base_s + opt.cpu_per_seq_s * shape.num_seqs + opt.cpu_per_token_s * shape.num_tokens
+        if cpu:
+            dt = max(dt, cpu) if self.async_scheduling else dt + cpu
+        pool = self.kv.pool
+        used = pool.num_gpu_blocks - 1 - len(pool.free_queue)
+        return _Step(reqs, news, samples, shape, dt, now, used, len(out.preempted))
+
+    def _record_breakdown(self, shape: BatchShape) -> None:
+        n = len(self.steps)
+        for k, v in self.cost_model.breakdown(shape).items():
+            col = self.breakdown.get(k)
+            if col is None:
+                col = self.breakdown[k] = array("d", [0.0] * n)
+            col.append(v)
+        for k, col in self.breakdown.items():
+            if len(col) < n + 1:
+                col.append(0.0)
+
+    def _finish_step(self, step: _Step, start: float) -> None:
+        """Apply a step's outputs at the current time (vLLM ``update_from_output``)."""
+        now = self.env.now
+        kv = self.kv
+        itl = self.itl
+        finished = 0
+        sampled = 0
+        for r, s in zip(step.reqs, step.samples):
+            if not s or r.status != RequestStatus.RUNNING:
+                continue  # a non-final prefill chunk, or a request preempted while the step was in flight
+            r.num_output_placeholders -= 1
+            sampled += 1
+            r.num_output_tokens += 1
+            if r.first_token_time is None:
+                r.first_token_time = now
+                if r.events is not None:
+                    r.events.append((now, "first_token"))
+            else:
+                itl.append(now - r.last_token_time)
+            r.last_token_time = now
+            if r.num_output_tokens >= r.max_tokens:
+                r.status = RequestStatus.FINISHED
+                r.finish_time = now
+                r.num_output_placeholders = 0
+                kv.free(r)
+                finished += 1
+                if r.events is not None:
+                    r.events.append((now, "finished"))
+                if self.on_done:
+                    self.on_done(r)
+        if finished:
+            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        shape = step.shape
+        usable = kv.pool.num_gpu_blocks - 1
+        self.steps.append(self.instance_id, start, now - start, shape.num_tokens,
+                          shape.num_tokens - shape.num_decodes, shape.num_decodes, shape.num_seqs, step.used_blocks,
+                          step.used_blocks / usable, len(self.running), len(self.waiting), step.num_preempted, sampled)
+
     def _loop(self):
         env = self.env
-        kv = self.kv
-        pool = kv.pool
-        steps = self.steps
-        cost = self.cost_model
-        itl = self.itl
-        iid = self.instance_id
-        usable = pool.num_gpu_blocks - 1
+        inflight: _Step | None = None
         while True:
-            if not self.running and not self.waiting:
-                self._wakeup = env.event()
-                yield self._wakeup
-                continue
-            out = self.scheduler.schedule(self)
-            reqs = out.requests
-            if not reqs:
-                if self.running:
-                    raise RuntimeError(f"instance {iid}: {len(self.running)} running requests but nothing scheduled")
-                # Nothing runs and the head cannot be admitted even into an empty cache: it never will be.
-                head = self.waiting.pop()
-                self._reject(head, "cannot be admitted into an empty KV cache with these limits")
-                continue
+            if inflight is None:
+                if not self.running and not self.waiting:
+                    self._wakeup = env.event()
+                    yield self._wakeup
+                    continue
+                inflight = self._launch()
+                if inflight is None:
+                    if self.running:
+                        raise RuntimeError(f"instance {self.instance_id}: {len(self.running)} running requests "
+                                           "but nothing scheduled")
+                    # Nothing runs and the head cannot be admitted even into an empty cache: it never will be.
+                    self._reject(self.waiting.pop(), "cannot be admitted into an empty KV cache with these limits")
+                    continue
             start = env.now
-            news = out.num_new_tokens
-            before = []
-            for r, n in zip(reqs, news):
-                c = r.num_computed_tokens
-                before.append(c)
-                r.num_computed_tokens = c + n
-                if r.first_scheduled_time is None:
-                    r.first_scheduled_time = start
-            shape = BatchShape.from_requests(news, before)
-            used = usable - len(pool.free_queue)
-            dt = cost.step_time(shape)
-            yield env.timeout(dt)
-            now = env.now
-            self.busy_time += dt
-            finished = 0
-            sampled = 0
-            for r in reqs:
-                if r.num_computed_tokens < r.num_tokens:
-                    continue  # a non-final prefill chunk samples nothing
-                sampled += 1
-                r.num_output_tokens += 1
-                if r.first_token_time is None:
-                    r.first_token_time = now
-                    if r.events is not None:
-                        r.events.append((now, "first_token"))
-                else:
-                    itl.append(now - r.last_token_time)
-                r.last_token_time = now
-                if r.num_output_tokens >= r.max_tokens:
-                    r.status = RequestStatus.FINISHED
-                    r.finish_time = now
-                    kv.free(r)
-                    finished += 1
-                    if r.events is not None:
-                        r.events.append((now, "finished"))
-                    if self.on_done:
-                        self.on_done(r)
-            if finished:
-                self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
-            steps.append(iid, start, dt, shape.num_tokens, shape.num_tokens - len(shape.decode_context),
-                         len(shape.decode_context), len(reqs), used, used / usable, len(self.running),
-                         len(self.waiting), len(out.preempted), sampled)
+            # Async scheduling: the next step is scheduled now, while this one runs.
+            nxt = self._launch() if self.async_scheduling else None
+            yield env.timeout(inflight.dt)
+            self.busy_time += inflight.dt
+            self._finish_step(inflight, start)
+            inflight = nxt
+
+

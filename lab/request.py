@@ -49,7 +49,7 @@ class Request:
     __slots__ = (
         "index", "request_id", "arrival_time", "prompt_len", "max_tokens", "priority",
         "prompt_token_ids", "output_token_ids", "hash_ids", "hash_block_size",
-        "status", "num_computed_tokens", "num_output_tokens", "num_preemptions",
+        "status", "num_computed_tokens", "num_output_tokens", "num_output_placeholders", "num_preemptions",
         "blocks", "num_cached_blocks", "block_hashes",
         "first_scheduled_time", "first_token_time", "last_token_time", "finish_time",
         "prefix_hit_tokens", "prefix_hit_recorded", "reason", "instance_id", "events",
@@ -87,6 +87,8 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
+        # vLLM's num_output_placeholders (P): tokens that steps still in flight will sample (async scheduling).
+        self.num_output_placeholders = 0
         self.num_preemptions = 0
         self.blocks: list = []
         self.num_cached_blocks = 0

@@ -16,12 +16,32 @@ from lab.costmodel.kv_capacity import KVCapacity, derive_num_gpu_blocks
 from lab.costmodel.llmservingsim import LLMServingSimProfileCostModel
 from lab.costmodel.model_arch import ModelArch, load_model
 from lab.costmodel.roofline import Efficiency, RooflineCostModel
-from lab.engine import Instance
+from lab.engine import EngineOptions, Instance
 from lab.kv_cache import KVCacheManager
 from lab.request import Request, RequestStatus
 from lab.sched_api import SchedulerConfig
 from lab.workload import loaders, synthetic
 from policies import make_router, make_scheduler
+
+
+# Behaviour that changed between vLLM releases (shared/specs/vllm-v1-scheduling.md marks the legacy forms).
+VERSION_DEFAULTS = {
+    "0.33": {"gpu_memory_utilization": 0.92, "async_scheduling": True, "scheduler_reserve_full_isl": True,
+             "threshold_only_when_contended": True, "prepend_unhashed": True},
+    "0.19": {"gpu_memory_utilization": 0.9, "async_scheduling": True, "scheduler_reserve_full_isl": True,
+             "threshold_only_when_contended": False, "prepend_unhashed": False},
+    "0.11": {"gpu_memory_utilization": 0.9, "async_scheduling": False, "scheduler_reserve_full_isl": False,
+             "threshold_only_when_contended": False, "prepend_unhashed": False},
+}
+
+
+def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """vLLM's default CUDA-graph capture sizes: 1, 2, 4, then every 8 up to 256, then every 16, up to
+    min(2 · max_num_seqs, 512) (vllm/config/compilation.py; the RTX 4090 run's resolved config lists exactly
+    these for max_num_seqs 256)."""
+    top = min(2 * max_num_seqs, 512)
+    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16))
+    return tuple(x for x in sizes if x <= top)
 
 
 @dataclass
@@ -34,6 +54,9 @@ class Deployment:
     num_gpu_blocks: int
     kv_capacity: KVCapacity | None
     cost_model: CostModel
+    engine_options: EngineOptions
+    prepend_unhashed: bool = True
+    derived_kv_capacity: KVCapacity | None = None
 
 
 @dataclass
@@ -71,6 +94,8 @@ def build_requests(exp: Experiment) -> list[Request]:
             reqs = loaders.load_mooncake(path, jitter_s=w.jitter_s, seed=exp.seed)
         elif w.source == "llmservingsim":
             reqs = loaders.load_llmservingsim(path)
+        elif w.source == "vllm_bench":
+            reqs = loaders.load_vllm_bench(path, seed=exp.seed)
         else:
             reqs = loaders.load_csv(path)
     if w.arrival_times is not None:
@@ -95,28 +120,44 @@ def build_deployment(exp: Experiment) -> Deployment:
     hw = load_hardware(exp.hardware.gpu)
     tp = exp.hardware.tensor_parallel_size
     e = exp.engine
+    ver = VERSION_DEFAULTS[e.vllm_version]
+
+    def pick(field: str):
+        v = getattr(e, field)
+        return ver[field] if v is None else v
+
     kv_dtype = m.dtype if m.kv_cache_dtype == "auto" else m.kv_cache_dtype
     max_model_len = e.max_model_len or model.max_position_embeddings
     mbt = e.max_num_batched_tokens
     if not e.enable_chunked_prefill and mbt < max_model_len:
         mbt = max_model_len  # vLLM raises the budget to max_model_len when chunking is off
-    capacity = None
-    if e.num_gpu_blocks is not None:
-        blocks = e.num_gpu_blocks
-    else:
-        capacity = derive_num_gpu_blocks(
-            model, hw, block_size=e.block_size, gpu_memory_utilization=e.gpu_memory_utilization,
+    try:
+        derived = derive_num_gpu_blocks(
+            model, hw, block_size=e.block_size, gpu_memory_utilization=pick("gpu_memory_utilization"),
             max_num_batched_tokens=mbt, max_num_seqs=e.max_num_seqs, tp=tp, kv_dtype=kv_dtype,
             weight_dtype=m.dtype)
-        blocks = capacity.num_gpu_blocks
-    legacy = e.vllm_version == "legacy"
+    except ValueError:
+        if e.num_gpu_blocks is None:
+            raise
+        derived = None
+    if e.num_gpu_blocks is not None:
+        blocks, capacity = e.num_gpu_blocks, None
+    else:
+        blocks, capacity = derived.num_gpu_blocks, derived  # type: ignore[union-attr]
     sched = SchedulerConfig(
         max_num_batched_tokens=mbt, max_num_seqs=e.max_num_seqs, max_model_len=max_model_len,
         enable_chunked_prefill=e.enable_chunked_prefill, long_prefill_token_threshold=e.long_prefill_token_threshold,
-        threshold_only_when_contended=not legacy, scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
+        threshold_only_when_contended=ver["threshold_only_when_contended"],
+        scheduler_reserve_full_isl=pick("scheduler_reserve_full_isl"),
         watermark=e.watermark, queue_policy=exp.policy.queue)
     cost = build_cost_model(exp, model, hw)
-    return Deployment(model, hw, sched, blocks, capacity, cost)
+    sizes: tuple[int, ...] = ()
+    if e.cudagraph:
+        sizes = tuple(sorted(e.cudagraph_capture_sizes)) if e.cudagraph_capture_sizes else default_capture_sizes(e.max_num_seqs)
+    c = e.cpu_overhead
+    options = EngineOptions(async_scheduling=pick("async_scheduling"), cpu_base_s=c.base_s,
+                            cpu_per_seq_s=c.per_seq_s, cpu_per_token_s=c.per_token_s, cudagraph_sizes=sizes)
+    return Deployment(model, hw, sched, blocks, capacity, cost, options, ver["prepend_unhashed"], derived)
 
 
 def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware) -> CostModel:
@@ -135,7 +176,7 @@ def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware) -> CostMod
 
 
 def simulate(exp: Experiment, requests: list[Request] | None = None,
-             progress: Callable[[int, int], None] | None = None) -> SimResult:
+             progress: Callable[[int, int], None] | None = None, record_breakdown: bool = False) -> SimResult:
     """Run the experiment and return every request and step.
 
     Args:
@@ -157,14 +198,17 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
             progress(done[0], total)
 
     e = exp.engine
+    options = dep.engine_options
+    if record_breakdown:
+        options = EngineOptions(**{**options.__dict__, "record_breakdown": True})
     instances = []
     for i in range(exp.cluster.num_instances):
         kv = KVCacheManager(dep.num_gpu_blocks, e.block_size, dep.scheduler_config.max_model_len,
                             enable_prefix_caching=e.enable_prefix_caching,
-                            prepend_unhashed=e.vllm_version != "legacy")
+                            prepend_unhashed=dep.prepend_unhashed)
         scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir)
         instances.append(Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
-                                  record_events=exp.simulation.record_events))
+                                  record_events=exp.simulation.record_events, options=options))
     router = make_router(exp.cluster.router)
 
     def arrivals():

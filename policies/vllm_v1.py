@@ -17,10 +17,13 @@ from lab.sched_api import EngineView, SchedulerOutput
 class VLLMV1Scheduler:
     """vLLM V1 FCFS / priority scheduling with chunked prefill and recompute preemption.
 
-    The queue order (``fcfs`` or ``priority``) comes from ``engine.config.queue_policy``.
+    The queue order (``fcfs`` or ``priority``) comes from ``engine.config.queue_policy``. Under async scheduling a
+    running request's tokens to compute include its output placeholders (tokens the step in flight will sample),
+    so a decode is scheduled again while its previous step runs.
     """
 
     name = "vllm_v1"
+    supports_async = True
 
     def schedule(self, engine: EngineView) -> SchedulerOutput:
         cfg = engine.config
@@ -41,7 +44,11 @@ class VLLMV1Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
-            n = r.num_tokens - r.num_computed_tokens
+            p = r.num_output_placeholders
+            if p and r.num_computed_tokens + 2 - p >= r.prompt_len + r.max_tokens:
+                i += 1  # async: the step in flight samples its last token; do not schedule past it
+                continue
+            n = r.num_tokens + p - r.num_computed_tokens
             if 0 < threshold < n:
                 n = threshold
             if n > budget:

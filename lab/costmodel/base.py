@@ -29,6 +29,9 @@ class BatchShape:
         num_decodes: number of decodes.
         decode_sum: Σ decode context tokens (offset included).
         decode_max, decode_min: largest and smallest decode context (0 when there are no decodes).
+        padded_tokens: when > num_tokens, the token count the dense layers (GEMMs, norms) run at because the step
+            replays a CUDA graph captured for that batch size; 0 = no padding. Attention and the LM head see only the
+            real requests.
     """
 
     num_tokens: int = 0
@@ -41,6 +44,12 @@ class BatchShape:
     decode_sum: int = 0
     decode_max: int = 0
     decode_min: int = 0
+    padded_tokens: int = 0
+
+    @property
+    def dense_tokens(self) -> int:
+        """Tokens the token-parallel layers compute: ``padded_tokens`` if set, else ``num_tokens``."""
+        return self.padded_tokens or self.num_tokens
 
     @classmethod
     def from_requests(cls, new_tokens: list[int], computed_before: list[int]) -> "BatchShape":

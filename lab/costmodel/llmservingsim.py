@@ -258,14 +258,14 @@ class LLMServingSimProfileCostModel:
         if T == 0:
             return {}
         L = self.model.num_layers
-        per_layer, edge, moe = self._dense_us(T)
+        per_layer, edge, moe = self._dense_us(shape.dense_tokens)
         lm, smp = self.per_seq["lm_head"], self.per_seq["sampler"]
         head = _interp(*lm, S) + _interp(*smp, S)
         return {
             "dense": (per_layer * L + edge) * _US,
             "attention": self._attention_us(shape) * L * _US,
             "moe": moe * L * _US,
-            "communication": 2 * L * self._allreduce_s(T),
+            "communication": 2 * L * self._allreduce_s(shape.dense_tokens),
             "head": head * _US,
         }
 
@@ -274,7 +274,8 @@ class LLMServingSimProfileCostModel:
         if T == 0:
             return 0.0
         L = self.model.num_layers
-        per_layer, edge, moe = self._dense_us(T)
+        Td = shape.dense_tokens
+        per_layer, edge, moe = self._dense_us(Td)
         lm, smp = self.per_seq["lm_head"], self.per_seq["sampler"]
         us = (per_layer + moe + self._attention_us(shape)) * L + edge + _interp(*lm, S) + _interp(*smp, S)
-        return us * _US + 2 * L * self._allreduce_s(T)
+        return us * _US + 2 * L * self._allreduce_s(Td)

@@ -152,7 +152,7 @@ class RooflineCostModel:
         T = shape.num_tokens
         if T == 0:
             return {"overhead": self.eff.step_overhead_s}
-        out = {k: v for k, v in self._token_terms(T, shape.num_seqs).items() if k != "_sum"}
+        out = {k: v for k, v in self._token_terms(shape.dense_tokens, shape.num_seqs).items() if k != "_sum"}
         out["attention"] = self._attention(shape) * self.model.num_layers
         return out
 
@@ -188,4 +188,4 @@ class RooflineCostModel:
         T = shape.num_tokens
         if T == 0:
             return self.eff.step_overhead_s
-        return self._token_terms(T, shape.num_seqs)["_sum"] + self._attention(shape) * self.model.num_layers
+        return self._token_terms(shape.dense_tokens, shape.num_seqs)["_sum"] + self._attention(shape) * self.model.num_layers

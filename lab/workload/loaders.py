@@ -162,6 +162,40 @@ def load_csv(path: str | Path) -> list[Request]:
             for k, i in enumerate(order)]
 
 
+def load_vllm_bench(path: str | Path, seed: int = 0) -> list[Request]:
+    """The requests of a ``vllm bench serve --save-result --save-detailed`` JSON: ``input_lens``, ``output_lens``
+    and, for arrivals, ``request_rate`` (req/s; ``inf`` = all at once) and ``burstiness`` (Gamma shape; 1 =
+    Poisson), drawn with ``seed``. vLLM's own draw order is not reproduced, so arrivals match the benchmark in
+    distribution, not request by request; pass ``workload.arrival_times`` for an exact replay. Request ids are the
+    indices in the file ("0", "1", ...), which is how ``validation.format: vllm_bench`` matches them.
+    """
+    path = Path(path)
+    _need_file(path)
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise WorkloadError(f"{path}: not valid JSON ({e.msg})") from None
+    for k in ("input_lens", "output_lens"):
+        if k not in d:
+            raise WorkloadError(f"{path}: missing key {k!r} (save it with --save-result --save-detailed)")
+    prompt = np.asarray(d["input_lens"], dtype=float)
+    output = np.asarray(d["output_lens"], dtype=float)
+    if len(prompt) != len(output):
+        raise WorkloadError(f"{path}: input_lens has {len(prompt)} entries but output_lens has {len(output)}")
+    _check_lengths(path, prompt, output, first_row=0)
+    n = len(prompt)
+    rate = float(d.get("request_rate", float("inf")) or float("inf"))
+    burst = float(d.get("burstiness", 1.0) or 1.0)
+    if np.isinf(rate):
+        t = np.zeros(n)
+    else:
+        rng = np.random.default_rng(seed)
+        gaps = rng.gamma(burst, 1.0 / (rate * burst), n)
+        gaps[0] = 0.0
+        t = np.cumsum(gaps)
+    return [Request(i, float(t[i]), int(prompt[i]), int(output[i]), request_id=str(i)) for i in range(n)]
+
+
 def override_arrivals(requests: list[Request], path: str | Path, column: str) -> list[Request]:
     """Replace each request's arrival time by ``column`` of a CSV with one row per request in trace order
     (e.g. the measured ``arrival_rel_s`` of an LLMServingSim run), then re-sort.
