@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lab.paths import default_data_dir, expand_path
 
@@ -95,7 +95,7 @@ class HardwareConfig(_Strict):
 class CPUOverheadConfig(_Strict):
     """CPU time of one engine step (scheduling, input preparation, sampling, output processing), seconds:
     base + per_seq · sequences + per_token · tokens. Defaults: a linear fit of Vidur's measured per-iteration CPU
-    overheads (lab/engine_calibration.py)."""
+    overheads (tests/test_engine_calibration.py refits them from the shared CSV)."""
 
     base_s: float = Field(8.9e-4, ge=0)
     per_seq_s: float = Field(3.75e-5, ge=0)
@@ -122,6 +122,11 @@ class EngineConfig(_Strict):
                                                       "min(2 x max_num_seqs, 512)")
     cpu_overhead: CPUOverheadConfig = CPUOverheadConfig()
     vllm_version: Literal["0.33", "0.19", "0.11"] = Field("0.33", description="behaviour set of this vLLM era")
+
+    @field_validator("vllm_version", mode="before")
+    @classmethod
+    def _version_as_text(cls, v):
+        return str(v) if isinstance(v, (int, float)) else v
 
 
 class PolicyConfig(_Strict):
