@@ -177,6 +177,7 @@ class SimulationConfig(_Strict):
 
     horizon_s: float | None = Field(None, gt=0, description="stop at this simulated time; the rest is unfinished")
     record_events: bool = Field(True, description="keep each request's scheduled/preempted/resumed history")
+    fast_forward: bool = Field(True, description="advance stretches of identical decode steps in one exact jump")
     progress: bool = True
 
 

@@ -13,13 +13,19 @@ from array import array
 from dataclasses import dataclass
 from typing import Callable
 
-import simpy
 from bisect import bisect_left
+from heapq import heappush
 
+import simpy
+from simpy.core import NORMAL
+from simpy.events import Event
+
+from lab import fastforward as ff
 from lab.costmodel.base import BatchShape, CostModel
 from lab.kv_cache import KVCacheManager
 from lab.queues import make_queue
 from lab.request import Request, RequestStatus
+from lab.samples import WeightedSamples
 from lab.sched_api import Scheduler, SchedulerConfig
 
 STEP_COLUMNS = (
@@ -43,6 +49,7 @@ class EngineOptions:
             next size (full graphs for pure decodes, piecewise graphs for mixed steps; larger steps run unpadded).
             Empty = no padding (eager mode).
         record_breakdown: also record each step's cost breakdown (slower; used by ``servelab validate``).
+        fast_forward: advance stretches of identical decode steps in one jump (lab/fastforward.py); exact.
     """
 
     async_scheduling: bool = False
@@ -51,6 +58,19 @@ class EngineOptions:
     cpu_per_token_s: float = 0.0
     cudagraph_sizes: tuple[int, ...] = ()
     record_breakdown: bool = False
+    fast_forward: bool = True
+
+
+class _At(Event):
+    """An event that fires at absolute time ``t`` (a Timeout computes ``now + delay``, which can round away from
+    ``t``; a jump must land exactly where step-by-step simulation would). Built like simpy's Timeout."""
+
+    def __init__(self, env: simpy.Environment, t: float) -> None:
+        self.env = env
+        self.callbacks = []
+        self._value = None
+        self._ok = True
+        heappush(env._queue, (t, NORMAL, next(env._eid), self))  # simpy 4: Environment.schedule, absolute time
 
 
 class _Step:
@@ -79,6 +99,11 @@ class StepLog:
         for c, v in zip(self.cols.values(), row):
             c.append(v)
 
+    def extend(self, *cols, n: int) -> None:
+        """Append ``n`` rows at once; each argument is a list of ``n`` values or one value for every row."""
+        for c, v in zip(self.cols.values(), cols):
+            c.extend(v if isinstance(v, list) else [v] * n)
+
     def __len__(self) -> int:
         return len(self.cols["start"])
 
@@ -93,14 +118,14 @@ class Instance:
         scheduler: the scheduling policy.
         kv: this instance's KV cache manager.
         cost_model: step-time model.
-        itl_samples: shared array receiving every inter-token latency sample (seconds).
+        itl_samples: shared store receiving every inter-token latency sample (seconds).
         on_done: called with each request that finishes or is rejected.
         record_events: keep each request's (time, event) history.
         options: step execution options (async scheduling, CPU overhead, CUDA-graph padding).
     """
 
     def __init__(self, env: simpy.Environment, instance_id: int, config: SchedulerConfig, scheduler: Scheduler,
-                 kv: KVCacheManager, cost_model: CostModel, itl_samples: array,
+                 kv: KVCacheManager, cost_model: CostModel, itl_samples: WeightedSamples,
                  on_done: Callable[[Request], None] | None = None, record_events: bool = False,
                  options: EngineOptions | None = None) -> None:
         self.env = env
@@ -121,6 +146,18 @@ class Instance:
         self.num_preemptions = 0
         self.busy_time = 0.0
         self._wakeup: simpy.Event | None = None
+        # fast-forward state
+        self.stop_time = float("inf")
+        self.steady = False
+        self._admitted = 0
+        self._inflight: _Step | None = None
+        self._plan: ff.Plan | None = None
+        self._cont = None
+        self.jumping: set | None = None
+        self.num_jumps = 0
+        self.jumped_steps = 0
+        self._ff = (self.options.fast_forward and not self.options.record_breakdown
+                    and bool(getattr(scheduler, "supports_fast_forward", False)))
         self.process = env.process(self._loop())
 
     # ---- the EngineView a scheduler sees ----
@@ -129,6 +166,7 @@ class Instance:
         return self.env.now
 
     def admit(self, request: Request, num_computed_tokens: int) -> None:
+        self._admitted += 1
         request.num_computed_tokens = num_computed_tokens
         resumed = request.status == RequestStatus.PREEMPTED
         request.status = RequestStatus.RUNNING
@@ -169,6 +207,8 @@ class Instance:
     # ---- arrivals ----
     def add_request(self, request: Request) -> None:
         """Accept an arriving request, or reject it with a reason if it can never be served."""
+        self.materialize()
+        self.steady = False
         request.instance_id = self.instance_id
         if self.record_events:
             request.events = [(self.env.now, "arrived")]
@@ -210,12 +250,17 @@ class Instance:
     def _launch(self) -> _Step | None:
         """Schedule one step and apply vLLM's ``_update_after_schedule``: C += n, and a request whose C reaches
         ``num_tokens`` + placeholders will sample a token (P += 1). Returns None when nothing was scheduled."""
+        self._admitted = 0
         out = self.scheduler.schedule(self)
         reqs = out.requests
         if not reqs:
+            self.steady = False
             return None
         now = self.env.now
         news = out.num_new_tokens
+        if self._ff:
+            self.steady = (not out.preempted and not self._admitted and len(reqs) == len(self.running)
+                           and reqs == self.running and all(n == 1 for n in news))
         before = []
         samples = []
         for r, n in zip(reqs, news):
@@ -264,6 +309,7 @@ class Instance:
         itl = self.itl
         finished = 0
         sampled = 0
+        same_gap = 0  # samples equal to this step's gap (requests whose previous token came at its start)
         for r, s in zip(step.reqs, step.samples):
             if not s or r.status != RequestStatus.RUNNING:
                 continue  # a non-final prefill chunk, or a request preempted while the step was in flight
@@ -274,8 +320,10 @@ class Instance:
                 r.first_token_time = now
                 if r.events is not None:
                     r.events.append((now, "first_token"))
+            elif r.last_token_time == start:
+                same_gap += 1
             else:
-                itl.append(now - r.last_token_time)
+                itl.add(now - r.last_token_time)
             r.last_token_time = now
             if r.num_output_tokens >= r.max_tokens:
                 r.status = RequestStatus.FINISHED
@@ -287,18 +335,72 @@ class Instance:
                     r.events.append((now, "finished"))
                 if self.on_done:
                     self.on_done(r)
+        if same_gap:
+            itl.add(now - start, same_gap)
         if finished:
+            self.steady = False
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
         shape = step.shape
         usable = kv.pool.num_gpu_blocks - 1
-        self.steps.append(self.instance_id, start, now - start, shape.num_tokens,
+        self.steps.append(self.instance_id, start, step.dt, shape.num_tokens,
                           shape.num_tokens - shape.num_decodes, shape.num_decodes, shape.num_seqs, step.used_blocks,
                           step.used_blocks / usable, len(self.running), len(self.waiting), step.num_preempted, sampled)
+
+    def materialize(self) -> None:
+        """If a jump is under way, apply every step it has completed by now and turn the step executing now into
+        an ordinary in-flight step, so the instance's state reads exactly as step-by-step simulation's."""
+        p = self._plan
+        if p is None:
+            return
+        self._plan = None
+        if self.jumping is not None:
+            self.jumping.discard(self)
+        n_sched, n_out, q = ff.progress_at(p, self.env.now)
+        ff.apply(self, p, n_sched, n_out)
+        if n_out >= p.k:  # the jump is complete at this very instant
+            self._cont = (None, None, ff.step_for(p, p.k - 1) if p.async_ else None)
+        elif p.async_:
+            step = p.first if q == 0 else ff.step_for(p, q - 1)
+            start = p.start if q == 0 else float(p.ends[q - 1])
+            self._cont = (step, start, ff.step_for(p, q))
+        else:
+            step = ff.step_for(p, q)
+            self._cont = (step, p.start if q == 0 else float(p.ends[q - 1]), None)
+        self.process.interrupt()
 
     def _loop(self):
         env = self.env
         inflight: _Step | None = None
         while True:
+            if (self._ff and (inflight is not None or not self.async_scheduling)
+                    and ff.steady_batch(self)):
+                self._inflight = inflight
+                p = ff.plan(self, self.stop_time)
+                self._inflight = None
+                if p is not None:
+                    self._plan = p
+                    if self.jumping is not None:
+                        self.jumping.add(self)
+                    self.num_jumps += 1
+                    try:
+                        yield _At(env, float(p.ends[-1]))
+                    except simpy.Interrupt:
+                        step, start, nxt = self._cont
+                        self._cont = None
+                        self.jumped_steps += p.applied_out
+                        if step is not None:
+                            yield _At(env, start + step.dt)
+                            self.busy_time += step.dt
+                            self._finish_step(step, start)
+                        inflight = nxt
+                        continue
+                    self._plan = None
+                    if self.jumping is not None:
+                        self.jumping.discard(self)
+                    ff.apply(self, p, p.k, p.k)
+                    self.jumped_steps += p.k
+                    inflight = ff.step_for(p, p.k - 1) if p.async_ else None
+                    continue
             if inflight is None:
                 if not self.running and not self.waiting:
                     self._wakeup = env.event()
@@ -315,9 +417,7 @@ class Instance:
             start = env.now
             # Async scheduling: the next step is scheduled now, while this one runs.
             nxt = self._launch() if self.async_scheduling else None
-            yield env.timeout(inflight.dt)
+            yield _At(env, start + inflight.dt)
             self.busy_time += inflight.dt
             self._finish_step(inflight, start)
             inflight = nxt
-
-

@@ -13,15 +13,24 @@ from collections import OrderedDict
 from lab.request import Request
 
 
-class Block:
-    """One KV block: ``block_size`` token slots of every layer on the rank."""
+def _marker(request: Request, i: int) -> int:
+    """The block-hash marker of block ``i`` of a request whose content is unique (see ``KVCacheManager._register``)."""
+    return -(request.index << 32) - 1 - i
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash")
+
+class Block:
+    """One KV block: ``block_size`` token slots of every layer on the rank.
+
+    ``block_hash`` is set while the block holds registered content; ``in_map`` says whether that hash is in the
+    pool's lookup map (content unique to one request is marked but not mapped: only its owner can ever hit it)."""
+
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "in_map")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: int | None = None
+        self.in_map = False
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
@@ -85,15 +94,17 @@ class BlockPool:
             raise RuntimeError(f"asked for {n} KV blocks with only {len(fq)} free")
         out = []
         cached = self.cached
+        pop = fq.popitem
         for _ in range(n):
-            _, block = fq.popitem(last=False)
-            h = block.block_hash
-            if h is not None:
-                entry = cached.get(h)
-                if entry is not None:
-                    entry.pop(block.block_id, None)
+            block = pop(False)[1]
+            if block.block_hash is not None:
+                if block.in_map:
+                    h = block.block_hash
+                    entry = cached[h]
+                    del entry[block.block_id]
                     if not entry:
                         del cached[h]
+                    block.in_map = False
                 block.block_hash = None
             block.ref_cnt = 1
             out.append(block)
@@ -107,7 +118,7 @@ class BlockPool:
                 del fq[b.block_id]
             b.ref_cnt += 1
 
-    def free_blocks(self, blocks: list[Block]) -> None:
+    def free_blocks(self, blocks) -> None:
         """Drop one reference from each block, in the order given (callers pass a request's blocks reversed).
 
         A block reaching ref_cnt 0 goes to the tail of the free queue if it has a hash (LRU: evicted last), and to
@@ -126,6 +137,7 @@ class BlockPool:
     def cache_block(self, block: Block, block_hash: int) -> None:
         """Register a full block under its hash (vLLM ``cache_full_blocks``)."""
         block.block_hash = block_hash
+        block.in_map = True
         entry = self.cached.get(block_hash)
         if entry is None:
             self.cached[block_hash] = {block.block_id: block}
@@ -193,6 +205,18 @@ class KVCacheManager:
         max_blocks = (request.num_tokens - 1) // bs
         if max_blocks <= 0:
             return [], 0
+        if request.prompt_token_ids is None and request.hash_ids is None:
+            # Content unique to this request: only its own blocks, freed by a preemption and not reused since,
+            # can hit (they still carry its markers).
+            prev = request.prev_blocks
+            hits = []
+            if prev:
+                for i in range(min(max_blocks, len(prev))):
+                    b = prev[i]
+                    if b.block_hash != _marker(request, i):
+                        break
+                    hits.append(b)
+            return hits, len(hits) * bs
         hashes = request.ensure_block_hashes(max_blocks, bs)
         pool = self.pool
         hits: list[Block] = []
@@ -228,6 +252,25 @@ class KVCacheManager:
         """
         pool = self.pool
         bs = self.block_size
+        if not new_computed_blocks and not num_new_computed_tokens and not full_sequence_must_fit:
+            # fast path for a running request (no prefix hits, no admission gate)
+            c = request.num_computed_tokens
+            total = c + num_new_tokens + num_lookahead_tokens
+            if total > self.max_model_len:
+                total = self.max_model_len
+            blocks = request.blocks
+            need = -(-total // bs) - len(blocks)
+            if need > 0:
+                if need > len(pool.free_queue) - reserved_blocks:
+                    return False
+                blocks.extend(pool.get_new_blocks(need))
+            if self.enable_prefix_caching:
+                end = c + num_new_tokens
+                ntok = request.prompt_len + request.num_output_tokens
+                num_full = (end if end < ntok else ntok) // bs
+                if num_full > request.num_cached_blocks:
+                    self._register(request, num_full)
+            return True
         hits = new_computed_blocks or ()
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         held = len(request.blocks) + len(hits)
@@ -256,20 +299,32 @@ class KVCacheManager:
             request.blocks.extend(pool.get_new_blocks(need))
         if self.enable_prefix_caching:
             num_full = min(num_computed + num_new_tokens, request.num_tokens) // bs
-            start = request.num_cached_blocks
-            if num_full > start:
-                hashes = request.ensure_block_hashes(num_full, bs)
-                blocks = request.blocks
-                for i in range(start, num_full):
-                    pool.cache_block(blocks[i], hashes[i])
-                request.num_cached_blocks = num_full
+            if num_full > request.num_cached_blocks:
+                self._register(request, num_full)
         return True
+
+    def _register(self, request: Request, num_full: int) -> None:
+        """Register the request's full blocks up to ``num_full`` (vLLM ``cache_full_blocks``). Content unique to
+        the request gets a per-(request, block) marker instead of a map entry: no one else can hit it."""
+        blocks = request.blocks
+        start = request.num_cached_blocks
+        if request.prompt_token_ids is None and request.hash_ids is None:
+            base = -(request.index << 32) - 1
+            for i in range(start, num_full):
+                blocks[i].block_hash = base - i
+        else:
+            hashes = request.ensure_block_hashes(num_full, self.block_size)
+            cache = self.pool.cache_block
+            for i in range(start, num_full):
+                cache(blocks[i], hashes[i])
+        request.num_cached_blocks = num_full
 
     def free(self, request: Request) -> None:
         """Release all of a request's blocks, last block first (vLLM frees in reverse order)."""
         blocks = request.blocks
         if blocks:
-            blocks.reverse()
-            self.pool.free_blocks(blocks)
+            self.pool.free_blocks(reversed(blocks))
+            if request.prompt_token_ids is None and request.hash_ids is None:
+                request.prev_blocks = blocks  # its markers stay on them until they are reused
         request.blocks = []
         request.num_cached_blocks = 0

@@ -69,14 +69,14 @@ def describe(values: Iterable[float] | np.ndarray, percentiles: Sequence[float] 
     return out
 
 
-def summarize(df: pd.DataFrame, itl: np.ndarray, steps: pd.DataFrame | None = None, horizon: float | None = None,
+def summarize(df: pd.DataFrame, itl, steps: pd.DataFrame | None = None, horizon: float | None = None,
               slo: dict[str, float | None] | None = None,
               percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict:
     """The run summary: counts, duration, throughputs, latency statistics, engine statistics and SLO goodput.
 
     Args:
         df: :func:`requests_frame` output.
-        itl: all inter-token latency samples (seconds).
+        itl: all inter-token latency samples (seconds): an array or a :class:`lab.samples.WeightedSamples`.
         steps: the per-step table (for engine statistics), optional.
         horizon: the run's fixed horizon, if any (then duration = horizon − first arrival).
         slo: optional ``{"ttft_s": .., "tpot_s": .., "e2el_s": ..}``; None entries are not checked.
@@ -104,7 +104,7 @@ def summarize(df: pd.DataFrame, itl: np.ndarray, steps: pd.DataFrame | None = No
         "total_output_tokens": out_tokens,
         "ttft": describe(fin["ttft"], percentiles),
         "tpot": describe(fin["tpot"], percentiles),
-        "itl": describe(itl, percentiles),
+        "itl": itl.describe(percentiles) if hasattr(itl, "describe") else describe(itl, percentiles),
         "e2el": describe(fin["e2el"], percentiles),
         "queue_time": describe(fin["queue_time"], percentiles),
         "num_preemptions": int(df["num_preemptions"].sum()),

@@ -42,8 +42,7 @@ def collect(result: SimResult) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     req = requests_frame(result.requests)
     steps = steps_frame(result)
     slo = exp.slo.model_dump()
-    summary = summarize(req, np.frombuffer(result.itl_samples, dtype=float) if len(result.itl_samples) else np.array([]),
-                        steps, horizon=exp.simulation.horizon_s, slo=slo)
+    summary = summarize(req, result.itl_samples, steps, horizon=exp.simulation.horizon_s, slo=slo)
     dep = result.deployment
     summary["experiment"] = exp.name
     summary["deployment"] = {
@@ -57,7 +56,8 @@ def collect(result: SimResult) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     if dep.kv_capacity is not None:
         summary["deployment"]["kv_capacity"] = dep.kv_capacity.as_dict()
     summary["simulation"] = {"sim_end_s": result.sim_end, "wall_time_s": result.wall_time_s,
-                             "seed": exp.seed}
+                             "seed": exp.seed, "fast_forward_jumps": sum(i.num_jumps for i in result.instances),
+                             "fast_forward_steps": sum(i.jumped_steps for i in result.instances)}
     return req, steps, summary
 
 
@@ -135,7 +135,7 @@ def plot_all(req: pd.DataFrame, steps: pd.DataFrame, result: SimResult, out_dir:
 
     figs = []
     fin = req[req["status"] == "finished"]
-    itl = np.frombuffer(result.itl_samples, dtype=float) if len(result.itl_samples) else np.array([])
+    itl = result.itl_samples.expand() if result.itl_samples.count < 5_000_000 else np.array([])
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     for ax, (name, vals) in zip(axes, (("TTFT", fin["ttft"]), ("TPOT", fin["tpot"]), ("ITL", itl),
                                        ("E2EL", fin["e2el"]))):

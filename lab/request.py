@@ -50,7 +50,7 @@ class Request:
         "index", "request_id", "arrival_time", "prompt_len", "max_tokens", "priority",
         "prompt_token_ids", "output_token_ids", "hash_ids", "hash_block_size",
         "status", "num_computed_tokens", "num_output_tokens", "num_output_placeholders", "num_preemptions",
-        "blocks", "num_cached_blocks", "block_hashes",
+        "blocks", "num_cached_blocks", "block_hashes", "prev_blocks",
         "first_scheduled_time", "first_token_time", "last_token_time", "finish_time",
         "prefix_hit_tokens", "prefix_hit_recorded", "reason", "instance_id", "events",
     )
@@ -93,6 +93,7 @@ class Request:
         self.blocks: list = []
         self.num_cached_blocks = 0
         self.block_hashes: list[int] = []
+        self.prev_blocks: list | None = None
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None

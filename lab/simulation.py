@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from array import array
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -18,6 +17,7 @@ from lab.costmodel.model_arch import ModelArch, load_model
 from lab.costmodel.roofline import Efficiency, RooflineCostModel
 from lab.engine import EngineOptions, Instance
 from lab.kv_cache import KVCacheManager
+from lab.samples import WeightedSamples
 from lab.request import Request, RequestStatus
 from lab.sched_api import SchedulerConfig
 from lab.workload import loaders, synthetic
@@ -67,7 +67,7 @@ class SimResult:
     deployment: Deployment
     requests: list[Request]
     instances: list[Instance]
-    itl_samples: array
+    itl_samples: WeightedSamples
     sim_end: float
     wall_time_s: float
     info: dict = field(default_factory=dict)
@@ -188,7 +188,7 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     dep = build_deployment(exp)
     reqs = requests if requests is not None else build_requests(exp)
     env = simpy.Environment()
-    itl = array("d")
+    itl = WeightedSamples()
     total = len(reqs)
     done = [0]
 
@@ -199,16 +199,22 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
 
     e = exp.engine
     options = dep.engine_options
-    if record_breakdown:
-        options = EngineOptions(**{**options.__dict__, "record_breakdown": True})
+    if record_breakdown or not exp.simulation.fast_forward:
+        options = EngineOptions(**{**options.__dict__, "record_breakdown": record_breakdown,
+                                   "fast_forward": exp.simulation.fast_forward})
+    horizon = exp.simulation.horizon_s
+    jumping: set = set()
     instances = []
     for i in range(exp.cluster.num_instances):
         kv = KVCacheManager(dep.num_gpu_blocks, e.block_size, dep.scheduler_config.max_model_len,
                             enable_prefix_caching=e.enable_prefix_caching,
                             prepend_unhashed=dep.prepend_unhashed)
         scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir)
-        instances.append(Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
-                                  record_events=exp.simulation.record_events, options=options))
+        inst = Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
+                        record_events=exp.simulation.record_events, options=options)
+        inst.stop_time = horizon if horizon else float("inf")
+        inst.jumping = jumping
+        instances.append(inst)
     router = make_router(exp.cluster.router)
 
     def arrivals():
@@ -220,10 +226,11 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
             if single is not None:
                 single.add_request(r)
             else:
+                for j in list(jumping):  # routers must see every instance as step-by-step simulation would
+                    j.materialize()
                 instances[router.route(r, instances, env.now)].add_request(r)
 
     env.process(arrivals())
-    horizon = exp.simulation.horizon_s
     env.run(until=horizon) if horizon else env.run()
     for r in reqs:
         if r.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED):

@@ -24,6 +24,7 @@ class VLLMV1Scheduler:
 
     name = "vllm_v1"
     supports_async = True
+    supports_fast_forward = True  # stateless between steps: a steady decode batch stays steady
 
     def schedule(self, engine: EngineView) -> SchedulerOutput:
         cfg = engine.config

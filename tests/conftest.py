@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from array import array
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from lab.engine import Instance
 from lab.kv_cache import KVCacheManager
 from lab.paths import default_data_dir
 from lab.request import Request
+from lab.samples import WeightedSamples
 from lab.sched_api import SchedulerConfig
 from policies.vllm_v1 import VLLMV1Scheduler
 
@@ -48,7 +48,7 @@ def make_engine(num_gpu_blocks: int = 64, block_size: int = 4, dt: float = 1.0, 
     config = SchedulerConfig(**{"max_num_batched_tokens": 16, "max_num_seqs": 8, "max_model_len": 1024, **cfg})
     kv = KVCacheManager(num_gpu_blocks, block_size, config.max_model_len, enable_prefix_caching=prefix_caching)
     cost = ConstantCost(dt)
-    inst = Instance(env, 0, config, scheduler or VLLMV1Scheduler(), kv, cost, array("d"),
+    inst = Instance(env, 0, config, scheduler or VLLMV1Scheduler(), kv, cost, WeightedSamples(),
                     record_events=record_events)
     return env, inst, cost
 

@@ -39,13 +39,13 @@ def test_per_request_metrics():
 def test_itl_pools_every_gap_between_outputs():
     rs, inst = tiny_run()
     # a: .1->.2->.3 (two gaps of .1); b: .3->.4 (one gap); c: none
-    assert sorted(np.round(np.frombuffer(inst.itl, dtype=float), 9)) == [0.1, 0.1, 0.1]
+    assert sorted(np.round(inst.itl.expand(), 9)) == [0.1, 0.1, 0.1]
 
 
 def test_summary_counts_throughput_and_goodput():
     rs, inst = tiny_run()
     df = requests_frame(rs)
-    s = summarize(df, np.frombuffer(inst.itl, dtype=float), slo={"ttft_s": 0.2, "tpot_s": 0.11, "e2el_s": None})
+    s = summarize(df, inst.itl, slo={"ttft_s": 0.2, "tpot_s": 0.11, "e2el_s": None})
     assert (s["num_requests"], s["num_finished"], s["num_rejected"], s["num_unfinished"]) == (3, 3, 0, 0)
     assert s["duration_s"] == pytest.approx(0.4)  # last finish .4 - first arrival 0
     assert s["request_throughput"] == pytest.approx(3 / 0.4)

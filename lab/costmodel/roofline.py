@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from lab.costmodel.base import BatchShape
 from lab.costmodel.hardware import Hardware
 from lab.costmodel.model_arch import ModelArch, dtype_bytes
@@ -183,6 +185,24 @@ class RooflineCostModel:
         out["_sum"] = sum(out.values())
         self._cache[key] = out
         return out
+
+    def decode_step_times(self, shape: BatchShape, k: int) -> "np.ndarray":
+        """Times of ``k`` pure-decode steps whose contexts grow by one token per step from ``shape``; the same
+        float operations as :meth:`step_time`, so each value equals it bit for bit (fast-forward relies on it)."""
+        e = self.eff
+        m = self.model
+        nd = shape.num_decodes
+        base = self._token_terms(shape.dense_tokens, shape.num_seqs)["_sum"]
+        if m.is_mla:
+            pair_decode = 2.0 * self.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+        else:
+            pair_decode = 4.0 * self.heads * m.head_dim
+        bw = self.hw.memory_bandwidth * e.attention_memory
+        fl = self.attn_peak * e.attention_compute
+        ctx = (shape.decode_sum + nd) + nd * np.arange(k, dtype=np.int64)
+        byts = ctx * self.kv_layer_bytes
+        att = np.maximum(ctx * pair_decode / fl, byts / bw) + e.kernel_launch_s
+        return base + att * m.num_layers
 
     def step_time(self, shape: BatchShape) -> float:
         T = shape.num_tokens

@@ -1,0 +1,83 @@
+"""Weighted samples: a compact, exact store for metrics with many repeated values (inter-token latencies).
+
+Every request decoding in the same step produces the same ITL sample (the step's duration), so one
+(value, weight) pair stands for the whole batch. Statistics are exact: the percentiles equal numpy's default
+(linear interpolation) percentiles of the expanded sample list.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Sequence
+
+import numpy as np
+
+
+class WeightedSamples:
+    """A multiset of float samples stored as (value, weight) pairs."""
+
+    __slots__ = ("values", "weights")
+
+    def __init__(self) -> None:
+        self.values = array("d")
+        self.weights = array("d")
+
+    def add(self, value: float, weight: float = 1.0) -> None:
+        self.values.append(value)
+        self.weights.append(weight)
+
+    def extend(self, values, weight: float) -> None:
+        """Add each of ``values`` with the same ``weight``."""
+        self.values.extend(values)
+        self.weights.extend([weight] * len(values))
+
+    def merge(self, other: "WeightedSamples") -> None:
+        self.values.extend(other.values)
+        self.weights.extend(other.weights)
+
+    @property
+    def count(self) -> int:
+        """Number of samples represented (Σ weights)."""
+        return int(round(float(np.sum(np.frombuffer(self.weights, dtype=float))))) if len(self.weights) else 0
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if not len(self.values):
+            return np.array([], float), np.array([], float)
+        return np.frombuffer(self.values, dtype=float), np.frombuffer(self.weights, dtype=float)
+
+    def expand(self) -> np.ndarray:
+        """The samples one by one (for plots and tests); memory grows with the count."""
+        v, w = self.arrays()
+        return np.repeat(v, w.astype(np.int64))
+
+    def describe(self, percentiles: Sequence[float]) -> dict[str, float | int | None]:
+        """count, mean, median, std and percentiles, equal to numpy's on the expanded samples."""
+        v, w = self.arrays()
+        keep = w > 0
+        v, w = v[keep], w[keep]
+        out: dict[str, float | int | None] = {"count": int(round(w.sum())) if w.size else 0}
+        if v.size == 0:
+            out.update({"mean": None, "median": None, "std": None, **{f"p{p:g}": None for p in percentiles}})
+            return out
+        order = np.argsort(v, kind="stable")
+        v, w = v[order], w[order]
+        n = w.sum()
+        mean = float(np.dot(v, w) / n)
+        out["mean"] = mean
+        out["std"] = float(np.sqrt(np.dot(w, (v - mean) ** 2) / n))
+        cum = np.cumsum(w)
+
+        def at(idx: float) -> float:
+            # value of the idx-th (0-based) sample of the sorted expansion
+            return float(v[np.searchsorted(cum, idx, side="right")])
+
+        def pct(p: float) -> float:
+            h = (n - 1) * p / 100.0
+            lo = np.floor(h)
+            a = at(lo)
+            return a if h == lo else a + (h - lo) * (at(lo + 1) - a)
+
+        out["median"] = pct(50)
+        for p in percentiles:
+            out[f"p{p:g}"] = pct(p)
+        return out
