@@ -1,0 +1,113 @@
+"""The decode fast-forward gives exactly the results of step-by-step simulation (per request, per step, ITL)."""
+
+import pandas as pd
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import policies
+from lab.config import parse_experiment
+from lab.costmodel.base import BatchShape
+from lab.metrics import requests_frame
+from lab.report import steps_frame
+from lab.request import Request
+from lab.simulation import simulate
+
+
+class LeastRunningRouter:
+    """Test router that reads instance state at every arrival (so a jump must be materialised first)."""
+
+    def route(self, request, instances, now):
+        return min(range(len(instances)), key=lambda i: (len(instances[i].running) + len(instances[i].waiting), i))
+
+
+policies._ROUTERS["test_least_running"] = LeastRunningRouter
+
+
+def experiment(ff: bool, **over) -> object:
+    eng = {"max_num_batched_tokens": over.pop("mbt", 256), "max_num_seqs": over.pop("seqs", 16),
+           "num_gpu_blocks": over.pop("blocks", 400), "block_size": over.pop("bs", 16),
+           "enable_prefix_caching": over.pop("caching", True), "vllm_version": over.pop("version", "0.33"),
+           "cudagraph": over.pop("cudagraph", True),
+           "enable_chunked_prefill": over.pop("chunked", True)}
+    if "cpu" in over:
+        eng["cpu_overhead"] = {"base_s": over.pop("cpu"), "per_seq_s": 1e-5}
+    data = {"name": "ff", "engine": eng, "model": {"name": "Llama-3.1-8B"}, "hardware": {"gpu": "H100-SXM5-80GB"},
+            "cluster": {"num_instances": over.pop("instances", 1), "router": over.pop("router", "round_robin")},
+            "simulation": {"fast_forward": ff, "progress": False, "horizon_s": over.pop("horizon", None)}}
+    assert not over, over
+    return parse_experiment(data)
+
+
+def build(spec) -> list[Request]:
+    reqs = []
+    t = 0.0
+    for i, (gap, prompt, out, shared) in enumerate(spec):
+        t += gap
+        ids = None
+        if shared is not None:
+            ids = [shared] * min(prompt, 48) + [1000 + i] * max(0, prompt - 48)
+        reqs.append(Request(i, t, prompt, out, prompt_token_ids=ids))
+    return reqs
+
+
+def run(ff: bool, spec, **over):
+    exp = experiment(ff, **over)
+    res = simulate(exp, build(spec))
+    return requests_frame(res.requests), steps_frame(res), res.itl_samples.describe((50, 90, 99)), res
+
+
+def assert_same(spec, **over):
+    a_req, a_steps, a_itl, a = run(True, spec, **dict(over))
+    b_req, b_steps, b_itl, _ = run(False, spec, **dict(over))
+    pd.testing.assert_frame_equal(a_req, b_req, check_exact=True)
+    pd.testing.assert_frame_equal(a_steps, b_steps, check_exact=True)
+    assert a_itl == b_itl
+    return a
+
+
+request_spec = st.lists(
+    st.tuples(st.floats(0.0005, 0.4), st.integers(1, 300), st.integers(1, 160),
+              st.one_of(st.none(), st.integers(1, 3))),
+    min_size=1, max_size=30)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=request_spec, version=st.sampled_from(["0.33", "0.11"]), blocks=st.sampled_from([60, 120, 400]),
+       seqs=st.sampled_from([2, 6, 16]), caching=st.booleans(), cudagraph=st.booleans(),
+       cpu=st.sampled_from([0.0, 0.002, 0.03]))
+def test_fast_forward_equals_step_by_step(spec, version, blocks, seqs, caching, cudagraph, cpu):
+    assert_same(spec, version=version, blocks=blocks, seqs=seqs, caching=caching, cudagraph=cudagraph, cpu=cpu)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=request_spec, version=st.sampled_from(["0.33", "0.11"]),
+       router=st.sampled_from(["round_robin", "test_least_running"]), horizon=st.sampled_from([None, 1.7]))
+def test_fast_forward_equals_step_by_step_in_a_cluster_and_at_a_horizon(spec, version, router, horizon):
+    assert_same(spec, version=version, instances=3, router=router, horizon=horizon, blocks=150)
+
+
+def test_fast_forward_actually_jumps_and_counts():
+    spec = [(0.01, 50, 400, None), (0.02, 60, 300, None)]
+    res = assert_same(spec)
+    assert sum(i.num_jumps for i in res.instances) > 0
+    assert sum(i.jumped_steps for i in res.instances) > 300
+
+
+class NoVectorCost:
+    """A cost model without decode_step_times: the fast-forward falls back to per-step step_time calls."""
+
+    name = "plain"
+
+    def step_time(self, shape: BatchShape) -> float:
+        return 0.0031 + 1.7e-6 * shape.dense_tokens + 2.3e-9 * shape.decode_sum + 4e-7 * sum(shape.prefill_new)
+
+    def breakdown(self, shape):
+        return {"total": self.step_time(shape)}
+
+
+def test_fast_forward_with_a_cost_model_without_vectorised_decode_times(monkeypatch):
+    import lab.simulation as sim
+
+    monkeypatch.setattr(sim, "build_cost_model", lambda exp, m, h: NoVectorCost())
+    spec = [(0.01, 50, 200, None), (0.05, 600, 100, 1), (0.2, 40, 150, 1), (0.01, 30, 90, None)]
+    assert_same(spec, seqs=3)
