@@ -94,9 +94,10 @@ class StepLog:
 
     def __init__(self) -> None:
         self.cols = {c: array("d") for c in STEP_COLUMNS}
+        self._cols = list(self.cols.values())
 
     def append(self, *row: float) -> None:
-        for c, v in zip(self.cols.values(), row):
+        for c, v in zip(self._cols, row):
             c.append(v)
 
     def extend(self, *cols, n: int) -> None:
@@ -154,6 +155,8 @@ class Instance:
         self._plan: ff.Plan | None = None
         self._cont = None
         self.jumping: set | None = None
+        # Expected time of this instance's next arrival (sizes fast-forward plans; correctness never depends on it)
+        self.arrival_hint: Callable[[], float] = lambda: float("inf")
         self.num_jumps = 0
         self.jumped_steps = 0
         self._ff = (self.options.fast_forward and not self.options.record_breakdown
@@ -260,19 +263,21 @@ class Instance:
         news = out.num_new_tokens
         if self._ff:
             self.steady = (not out.preempted and not self._admitted and len(reqs) == len(self.running)
-                           and reqs == self.running and all(n == 1 for n in news))
+                           and reqs == self.running and news.count(1) == len(news))
         before = []
         samples = []
+        add_before = before.append
+        add_sample = samples.append
         for r, n in zip(reqs, news):
             c = r.num_computed_tokens
-            before.append(c)
+            add_before(c)
             c += n
             r.num_computed_tokens = c
             if c >= r.prompt_len + r.num_output_tokens + r.num_output_placeholders:
                 r.num_output_placeholders += 1
-                samples.append(True)
+                add_sample(True)
             else:
-                samples.append(False)
+                add_sample(False)
             if r.first_scheduled_time is None:
                 r.first_scheduled_time = now
         shape = BatchShape.from_requests(news, before)

@@ -67,6 +67,11 @@ def plan(inst, stop_time: float) -> Plan | None:
     async_ = inst.async_scheduling
     first = inst._inflight if async_ else None
     B = len(running)
+    # A request about to finish ends any stretch: check that first, it is the common reason to stop.
+    need = 2 if async_ else 3
+    for r in running:
+        if r.max_tokens - r.num_output_tokens - r.num_output_placeholders < need:
+            return None
     C0 = []
     O0 = []
     caching = kv.enable_prefix_caching
@@ -105,42 +110,48 @@ def plan(inst, stop_time: float) -> Plan | None:
     k_bound = min(k_bound, MAX_JUMP_STEPS)
     if k_bound < 2:
         return None
+    # Step times of schedules 0..k-1 (contexts C0 + j), computed in growing chunks until they reach the next
+    # expected arrival (a jump is cut there anyway) or the horizon.
+    sum0 = sum(C0)
+    shape = BatchShape.decode_only(C0, 0, sum0, max(C0), min(C0))
+    sizes = inst.options.cudagraph_sizes
+    padded = sizes[bisect_left(sizes, B)] if sizes and B <= sizes[-1] else 0
+    shape.padded_tokens = padded
+    opt = inst.options
+    cpu = opt.cpu_base_s + opt.cpu_per_seq_s * B + opt.cpu_per_token_s * B
+    hint = inst.arrival_hint()
+    kk = min(k_bound, 32)
+    while True:
+        dts = decode_step_times(inst.cost_model, shape, kk)
+        if cpu:
+            dts = np.maximum(dts, cpu) if async_ else dts + cpu
+        # End times added one step at a time, as the event loop adds them (cumsum is sequential).
+        if async_:
+            ends = np.cumsum(np.concatenate(([env_now, first.dt], dts[:kk - 1])))[1:]  # in flight, sched 0..kk-2
+        else:
+            ends = np.cumsum(np.concatenate(([env_now], dts)))[1:]
+        if kk == k_bound or ends[-1] >= hint or ends[-1] >= stop_time:
+            break
+        kk = min(k_bound, kk * 4)
+    # Every executed step must end strictly before the horizon; the step during which the next arrival is expected
+    # is the last one worth planning.
+    k = min(kk, int(np.searchsorted(ends, stop_time, side="left")), int(np.searchsorted(ends, hint, side="left")) + 1)
+    if k < 2:
+        return None
     # KV: the first schedule whose allocations exceed the free blocks would preempt, so the jump stops before it.
     free = len(kv.pool.free_queue)
-    allocs = [0] * k_bound
+    allocs = [0] * k
     for c in C0:
-        for j in range((-c) % bs, k_bound, bs):
+        for j in range((-c) % bs, k, bs):
             allocs[j] += 1
     cum_alloc = []
     total = 0
-    k = k_bound
     for j, a in enumerate(allocs):
         total += a
         if total > free:
             k = j
             break
         cum_alloc.append(total)
-    if k < 2:
-        return None
-    # Step times of schedules 0..k-1: contexts are C0 + j.
-    sum0 = sum(C0)
-    shape = BatchShape.decode_only(C0, 0, sum0, max(C0), min(C0))
-    sizes = inst.options.cudagraph_sizes
-    padded = sizes[bisect_left(sizes, B)] if sizes and B <= sizes[-1] else 0
-    shape.padded_tokens = padded
-    dts = decode_step_times(inst.cost_model, shape, k)
-    opt = inst.options
-    cpu = opt.cpu_base_s + opt.cpu_per_seq_s * B + opt.cpu_per_token_s * B
-    if cpu:
-        dts = np.maximum(dts, cpu) if async_ else dts + cpu
-    # End times added one step at a time, as the event loop adds them (cumsum is sequential).
-    if async_:
-        ends = np.cumsum(np.concatenate(([env_now, first.dt], dts[:k - 1])))[1:]  # the in-flight step, sched 0..k-2
-    else:
-        ends = np.cumsum(np.concatenate(([env_now], dts)))[1:]
-    # Stop at the horizon: every executed step must end strictly before it.
-    n_exec = int(np.searchsorted(ends, stop_time, side="left"))
-    k = min(k, n_exec)
     if k < 2:
         return None
     used0 = kv.pool.num_gpu_blocks - 1 - free

@@ -59,8 +59,8 @@ class BlockPool:
         self.null_block = self.blocks[0]
         self.null_block.ref_cnt = 1
         self.free_queue: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks[1:])
-        # hash -> {block_id: block}; several blocks can hold the same content (computed concurrently).
-        self.cached: dict[int, dict[int, Block]] = {}
+        # hash -> block, or -> {block_id: block} when several blocks hold the same content (computed concurrently).
+        self.cached: dict[int, Block | dict[int, Block]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -79,8 +79,8 @@ class BlockPool:
     def lookup(self, block_hash: int) -> Block | None:
         """Return a cached block holding this hash, or None."""
         entry = self.cached.get(block_hash)
-        if not entry:
-            return None
+        if entry is None or entry.__class__ is Block:
+            return entry
         return next(iter(entry.values()))
 
     def get_new_blocks(self, n: int) -> list[Block]:
@@ -92,22 +92,23 @@ class BlockPool:
         fq = self.free_queue
         if n > len(fq):
             raise RuntimeError(f"asked for {n} KV blocks with only {len(fq)} free")
-        out = []
-        cached = self.cached
         pop = fq.popitem
-        for _ in range(n):
-            block = pop(False)[1]
+        out = [pop(False)[1] for _ in range(n)]
+        cached = self.cached
+        for block in out:
+            block.ref_cnt = 1
             if block.block_hash is not None:
                 if block.in_map:
                     h = block.block_hash
                     entry = cached[h]
-                    del entry[block.block_id]
-                    if not entry:
+                    if entry is block:
                         del cached[h]
+                    else:
+                        del entry[block.block_id]
+                        if len(entry) == 1:
+                            cached[h] = next(iter(entry.values()))
                     block.in_map = False
                 block.block_hash = None
-            block.ref_cnt = 1
-            out.append(block)
         return out
 
     def touch(self, blocks: list[Block]) -> None:
@@ -126,21 +127,26 @@ class BlockPool:
         """
         fq = self.free_queue
         prepend = self.prepend_unhashed
+        move = fq.move_to_end
         for b in blocks:
-            b.ref_cnt -= 1
-            if b.ref_cnt == 0:
+            rc = b.ref_cnt - 1
+            b.ref_cnt = rc
+            if not rc:
                 bid = b.block_id
                 fq[bid] = b
                 if prepend and b.block_hash is None:
-                    fq.move_to_end(bid, last=False)
+                    move(bid, False)
 
     def cache_block(self, block: Block, block_hash: int) -> None:
         """Register a full block under its hash (vLLM ``cache_full_blocks``)."""
         block.block_hash = block_hash
         block.in_map = True
-        entry = self.cached.get(block_hash)
+        cached = self.cached
+        entry = cached.get(block_hash)
         if entry is None:
-            self.cached[block_hash] = {block.block_id: block}
+            cached[block_hash] = block
+        elif entry.__class__ is Block:
+            cached[block_hash] = {entry.block_id: entry, block.block_id: block}
         else:
             entry[block.block_id] = block
 
@@ -220,12 +226,12 @@ class KVCacheManager:
         hashes = request.ensure_block_hashes(max_blocks, bs)
         pool = self.pool
         hits: list[Block] = []
-        cached = pool.cached
+        lookup = pool.lookup
         for i in range(max_blocks):
-            entry = cached.get(hashes[i])
-            if not entry:
+            b = lookup(hashes[i])
+            if b is None:
                 break
-            hits.append(next(iter(entry.values())))
+            hits.append(b)
         return hits, len(hits) * bs
 
     def allocate_slots(
@@ -314,9 +320,17 @@ class KVCacheManager:
                 blocks[i].block_hash = base - i
         else:
             hashes = request.ensure_block_hashes(num_full, self.block_size)
+            cached = self.pool.cached
             cache = self.pool.cache_block
             for i in range(start, num_full):
-                cache(blocks[i], hashes[i])
+                b = blocks[i]
+                h = hashes[i]
+                if h in cached:
+                    cache(b, h)
+                else:  # the common case, inlined
+                    b.block_hash = h
+                    b.in_map = True
+                    cached[h] = b
         request.num_cached_blocks = num_full
 
     def free(self, request: Request) -> None:

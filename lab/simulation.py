@@ -216,10 +216,21 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         inst.jumping = jumping
         instances.append(inst)
     router = make_router(exp.cluster.router)
+    nxt = [0.0]
+    n_inst = len(instances)
+    if n_inst == 1:
+        instances[0].arrival_hint = lambda: nxt[0]
+    else:
+        def hint() -> float:
+            now = env.now
+            return now + n_inst * (nxt[0] - now)  # about one arrival in n_inst lands here
+        for inst in instances:
+            inst.arrival_hint = hint
 
     def arrivals():
         single = instances[0] if len(instances) == 1 else None
         for r in reqs:
+            nxt[0] = r.arrival_time
             dt = r.arrival_time - env.now
             if dt > 0:
                 yield env.timeout(dt)
@@ -229,6 +240,7 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
                 for j in list(jumping):  # routers must see every instance as step-by-step simulation would
                     j.materialize()
                 instances[router.route(r, instances, env.now)].add_request(r)
+        nxt[0] = float("inf")
 
     env.process(arrivals())
     env.run(until=horizon) if horizon else env.run()

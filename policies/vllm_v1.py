@@ -41,20 +41,24 @@ class VLLMV1Scheduler:
         priority = cfg.queue_policy == "priority"
         scheduled_ids: set[int] = set()
 
+        allocate = kv.allocate_slots
+        out_reqs = out.requests
+        out_news = out.num_new_tokens
         # --- Phase 1: running requests, in admission order ---
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
             p = r.num_output_placeholders
-            if p and r.num_computed_tokens + 2 - p >= r.prompt_len + r.max_tokens:
+            c = r.num_computed_tokens
+            if p and c + 2 - p >= r.prompt_len + r.max_tokens:
                 i += 1  # async: the step in flight samples its last token; do not schedule past it
                 continue
-            n = r.num_tokens + p - r.num_computed_tokens
+            n = r.prompt_len + r.num_output_tokens + p - c
             if 0 < threshold < n:
                 n = threshold
             if n > budget:
                 n = budget
-            cap = max_model_len - 1 - r.num_computed_tokens
+            cap = max_model_len - 1 - c
             if n > cap:
                 n = cap
             if n <= 0:
@@ -62,7 +66,7 @@ class VLLMV1Scheduler:
                 continue
             ok = False
             while True:
-                if kv.allocate_slots(r, n, num_lookahead_tokens=lookahead):
+                if allocate(r, n, None, 0, lookahead):
                     ok = True
                     break
                 if priority:
@@ -83,8 +87,10 @@ class VLLMV1Scheduler:
                 if priority:
                     continue  # r preempted itself; the cursor already points at the next request
                 break
-            out.add(r, n)
-            scheduled_ids.add(id(r))
+            out_reqs.append(r)
+            out_news.append(n)
+            if priority:
+                scheduled_ids.add(id(r))
             budget -= n
             i += 1
 

@@ -8,7 +8,7 @@ import pytest
 import simpy
 
 from lab.costmodel.base import BatchShape
-from lab.engine import Instance
+from lab.engine import EngineOptions, Instance
 from lab.kv_cache import KVCacheManager
 from lab.paths import default_data_dir
 from lab.request import Request
@@ -43,13 +43,13 @@ class ConstantCost:
 
 
 def make_engine(num_gpu_blocks: int = 64, block_size: int = 4, dt: float = 1.0, scheduler=None,
-                record_events: bool = True, prefix_caching: bool = True, **cfg) -> tuple[simpy.Environment, Instance, ConstantCost]:
+                record_events: bool = True, prefix_caching: bool = True, fast_forward: bool = False, **cfg) -> tuple[simpy.Environment, Instance, ConstantCost]:
     env = simpy.Environment()
     config = SchedulerConfig(**{"max_num_batched_tokens": 16, "max_num_seqs": 8, "max_model_len": 1024, **cfg})
     kv = KVCacheManager(num_gpu_blocks, block_size, config.max_model_len, enable_prefix_caching=prefix_caching)
     cost = ConstantCost(dt)
     inst = Instance(env, 0, config, scheduler or VLLMV1Scheduler(), kv, cost, WeightedSamples(),
-                    record_events=record_events)
+                    record_events=record_events, options=EngineOptions(fast_forward=fast_forward))
     return env, inst, cost
 
 

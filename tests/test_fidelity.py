@@ -18,7 +18,7 @@ from tests.conftest import make_engine, req, submit
 def engine(**kw):
     opts = {k: kw.pop(k) for k in list(kw) if k in EngineOptions.__dataclass_fields__}
     env, inst, cost = make_engine(**kw)
-    inst.options = EngineOptions(**opts)
+    inst.options = EngineOptions(**{"fast_forward": False, **opts})
     inst.async_scheduling = inst.options.async_scheduling
     return env, inst, cost
 
