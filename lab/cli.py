@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -141,6 +142,60 @@ def _simulate_with_breakdown(exp, show_progress: bool):
         reqs = build_requests(exp)
         task = bar.add_task(f"simulating {exp.name}", total=len(reqs))
         return simulate(exp, reqs, lambda d, t: bar.update(task, completed=d), record_breakdown=True)
+
+
+@app.command()
+def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", "--workloads", "-w",
+                                        help="comma-separated: azure_conv, million_16x, mooncake_conv"),
+          data_dir: Optional[Path] = DATA_OPT,
+          vidur: Optional[Path] = typer.Option(None, "--vidur", help="a microsoft/vidur checkout to run beside us"),
+          vidur_python: str = typer.Option(sys.executable, "--vidur-python",
+                                           help="the Python that has Vidur's dependencies"),
+          fast_forward: bool = typer.Option(True, "--fast-forward/--no-fast-forward")) -> None:
+    """Time the simulator on fixed workloads and print a table (wall time, simulated s per wall s, requests and
+    steps per wall s, peak memory), beside Vidur's reference figures or a Vidur run."""
+    from lab.bench import VIDUR_REFERENCE, WORKLOADS, run_vidur, run_workload
+    from lab.paths import PROJECT_ROOT, default_data_dir
+
+    names = [w.strip() for w in workloads.split(",") if w.strip()]
+    bad = [n for n in names if n not in WORKLOADS]
+    if bad:
+        _fail(f"--workloads: unknown {bad}; expected some of {sorted(WORKLOADS)}")
+    dd = str(data_dir) if data_dir else None
+    over = None if fast_forward else {"simulation": {"fast_forward": False}}
+    t = Table(title="servelab benchmark")
+    for c in ("workload", "requests", "wall (s)", "total wall (s)", "sim s / wall s", "req / wall s",
+              "steps / wall s", "steps jumped", "peak MB"):
+        t.add_column(c, justify="right")
+    results = []
+    for n in names:
+        err_console.print(f"running {n} ...")
+        r = run_workload(n, str(PROJECT_ROOT / WORKLOADS[n]), dd, over)
+        results.append(r)
+        t.add_row(n, f"{r.requests:,}", f"{r.sim_wall_s:.2f}", f"{r.total_wall_s:.2f}", f"{r.sim_per_wall:,.0f}",
+                  f"{r.req_per_wall:,.0f}", f"{r.steps_per_wall:,.0f}", f"{r.jumped_steps / max(r.steps, 1):.0%}",
+                  f"{r.peak_mb:,.0f}")
+    console.print(t)
+    if "azure_conv" in names:
+        ours = next(r for r in results if r.name == "azure_conv")
+        if vidur is not None:
+            trace = str(Path(dd or default_data_dir()) / "traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv")
+            vt = Path(vidur) / "data/processed_traces/splitwise_conv.csv"
+            err_console.print("running Vidur on the same trace ...")
+            v_wall, v_peak = run_vidur(str(vidur), vidur_python, str(vt if vt.is_file() else trace))
+            same = run_workload("azure_conv_llama2_7b_a100", str(PROJECT_ROOT / WORKLOADS["azure_conv"]), dd,
+                                {"model": {"name": "Llama-2-7B"}, "hardware": {"gpu": "A100-80GB-SXM4"},
+                                 **(over or {})})
+            console.print(f"Vidur (Llama-2-7B / A100, vLLM scheduler): {v_wall:.1f} s wall (whole process), "
+                          f"{v_peak:,.0f} MB peak; servelab on the same model, GPU and trace: {same.total_wall_s:.2f} s "
+                          f"whole process, {same.peak_mb:,.0f} MB -> {v_wall / same.total_wall_s:.1f}x faster")
+        else:
+            ref = VIDUR_REFERENCE["azure_conv"]
+            console.print(f"Vidur reference (microsoft/vidur, Llama-2-7B / A100 vLLM scheduler, 2-core machine, "
+                          f"predictors trained): {ref['wall_s']:.0f} s wall, {ref['peak_mb']:,.0f} MB for the same "
+                          f"19,366-request trace -> servelab takes 1/{ref['wall_s'] / ours.sim_wall_s:.0f} of it "
+                          f"(simulation) and 1/{ref['wall_s'] / ours.total_wall_s:.0f} (whole process, with Python "
+                          f"start-up and trace loading), with {ref['peak_mb'] / ours.peak_mb:.1f}x less memory")
 
 
 @app.command()

@@ -176,7 +176,10 @@ class SimulationConfig(_Strict):
     """Run control."""
 
     horizon_s: float | None = Field(None, gt=0, description="stop at this simulated time; the rest is unfinished")
-    record_events: bool = Field(True, description="keep each request's scheduled/preempted/resumed history")
+    record_events: bool | None = Field(None, description="keep each request's lifecycle events; default: on up to "
+                                       "200,000 requests")
+    step_log: Literal["auto", "memory", "spill"] = Field("auto", description="keep the step log in memory or spill it "
+                                                         "to disk in chunks; auto spills above 200,000 requests")
     fast_forward: bool = Field(True, description="advance stretches of identical decode steps in one exact jump")
     progress: bool = True
 

@@ -16,6 +16,7 @@ from typing import Callable
 from bisect import bisect_left
 from heapq import heappush
 
+import numpy as np
 import simpy
 from simpy.core import NORMAL
 from simpy.events import Event
@@ -90,11 +91,19 @@ class _Step:
 
 
 class StepLog:
-    """Per-step records of one instance, kept column-wise in compact arrays (one row per step)."""
+    """Per-step records of one instance, kept column-wise in compact arrays (one row per step).
 
-    def __init__(self) -> None:
+    With ``spill_path`` set, every ``chunk_rows`` rows are written to that Parquet file and dropped from memory, so
+    a long run's memory does not grow with its history; :meth:`frames` yields the whole log chunk by chunk.
+    """
+
+    def __init__(self, spill_path: str | None = None, chunk_rows: int = 1 << 16) -> None:
         self.cols = {c: array("d") for c in STEP_COLUMNS}
         self._cols = list(self.cols.values())
+        self.spill_path = spill_path
+        self.chunk_rows = chunk_rows
+        self.spilled_rows = 0
+        self._writer = None
 
     def append(self, *row: float) -> None:
         for c, v in zip(self._cols, row):
@@ -102,11 +111,48 @@ class StepLog:
 
     def extend(self, *cols, n: int) -> None:
         """Append ``n`` rows at once; each argument is a list of ``n`` values or one value for every row."""
-        for c, v in zip(self.cols.values(), cols):
+        for c, v in zip(self._cols, cols):
             c.extend(v if isinstance(v, list) else [v] * n)
 
+    def maybe_spill(self) -> None:
+        if self.spill_path is not None and len(self._cols[0]) >= self.chunk_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the rows held in memory to the spill file."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        n = len(self._cols[0])
+        if not n or self.spill_path is None:
+            return
+        table = pa.table({k: np.frombuffer(v, dtype=float) for k, v in self.cols.items()})
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.spill_path, table.schema)
+        self._writer.write_table(table)
+        self.spilled_rows += n
+        self.cols = {c: array("d") for c in STEP_COLUMNS}
+        self._cols = list(self.cols.values())
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def frames(self, chunk_rows: int = 1 << 19):
+        """The whole log as a sequence of DataFrames (spilled chunks first, then the rows in memory)."""
+        import pandas as pd
+        import pyarrow.parquet as pq
+
+        if self.spilled_rows:
+            self.close()
+            for batch in pq.ParquetFile(self.spill_path).iter_batches(batch_size=chunk_rows):
+                yield batch.to_pandas()
+        if len(self._cols[0]):
+            yield pd.DataFrame({k: np.frombuffer(v, dtype=float) for k, v in self.cols.items()})
+
     def __len__(self) -> int:
-        return len(self.cols["start"])
+        return self.spilled_rows + len(self._cols[0])
 
 
 class Instance:
@@ -334,7 +380,7 @@ class Instance:
                 r.status = RequestStatus.FINISHED
                 r.finish_time = now
                 r.num_output_placeholders = 0
-                kv.free(r)
+                kv.free(r, finished=True)
                 finished += 1
                 if r.events is not None:
                     r.events.append((now, "finished"))
@@ -347,7 +393,10 @@ class Instance:
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
         shape = step.shape
         usable = kv.pool.num_gpu_blocks - 1
-        self.steps.append(self.instance_id, start, step.dt, shape.num_tokens,
+        steps = self.steps
+        if steps.spill_path is not None:
+            steps.maybe_spill()
+        steps.append(self.instance_id, start, step.dt, shape.num_tokens,
                           shape.num_tokens - shape.num_decodes, shape.num_decodes, shape.num_seqs, step.used_blocks,
                           step.used_blocks / usable, len(self.running), len(self.waiting), step.num_preempted, sampled)
 

@@ -333,12 +333,19 @@ class KVCacheManager:
                     cached[h] = b
         request.num_cached_blocks = num_full
 
-    def free(self, request: Request) -> None:
-        """Release all of a request's blocks, last block first (vLLM frees in reverse order)."""
+    def free(self, request: Request, finished: bool = False) -> None:
+        """Release all of a request's blocks, last block first (vLLM frees in reverse order).
+
+        Args:
+            finished: the request is done, so nothing it holds (block hashes, freed blocks) is needed again.
+        """
         blocks = request.blocks
         if blocks:
             self.pool.free_blocks(reversed(blocks))
-            if request.prompt_token_ids is None and request.hash_ids is None:
+            if not finished and request.prompt_token_ids is None and request.hash_ids is None:
                 request.prev_blocks = blocks  # its markers stay on them until they are reused
         request.blocks = []
         request.num_cached_blocks = 0
+        if finished:
+            request.prev_blocks = None
+            request.block_hashes = []

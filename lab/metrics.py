@@ -69,15 +69,41 @@ def describe(values: Iterable[float] | np.ndarray, percentiles: Sequence[float] 
     return out
 
 
+def engine_stats(chunks) -> dict | None:
+    """Engine statistics over the step log, given as an iterable of DataFrame chunks (streamed for long runs)."""
+    n = 0
+    batch = tokens = busy = kv_weighted = 0.0
+    peak_kv = 0.0
+    peak_running = peak_waiting = 0
+    for st in chunks:
+        if not len(st):
+            continue
+        n += len(st)
+        batch += float(st["batch_size"].sum())
+        tokens += float(st["scheduled_tokens"].sum())
+        d = st["duration"]
+        busy += float(d.sum())
+        kv_weighted += float((st["kv_usage"] * d).sum())
+        peak_kv = max(peak_kv, float(st["kv_usage"].max()))
+        peak_running = max(peak_running, int(st["num_running"].max()))
+        peak_waiting = max(peak_waiting, int(st["num_waiting"].max()))
+    if not n:
+        return None
+    return {"num_steps": n, "mean_batch_size": batch / n, "mean_scheduled_tokens": tokens / n, "busy_time_s": busy,
+            "peak_kv_usage": peak_kv, "mean_kv_usage": kv_weighted / busy if busy else 0.0,
+            "peak_running": peak_running, "peak_waiting": peak_waiting}
+
+
 def summarize(df: pd.DataFrame, itl, steps: pd.DataFrame | None = None, horizon: float | None = None,
               slo: dict[str, float | None] | None = None,
-              percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict:
+              percentiles: Sequence[float] = DEFAULT_PERCENTILES, engine: dict | None = None) -> dict:
     """The run summary: counts, duration, throughputs, latency statistics, engine statistics and SLO goodput.
 
     Args:
         df: :func:`requests_frame` output.
         itl: all inter-token latency samples (seconds): an array or a :class:`lab.samples.WeightedSamples`.
         steps: the per-step table (for engine statistics), optional.
+        engine: engine statistics already computed (:func:`engine_stats`), instead of ``steps``.
         horizon: the run's fixed horizon, if any (then duration = horizon − first arrival).
         slo: optional ``{"ttft_s": .., "tpot_s": .., "e2el_s": ..}``; None entries are not checked.
     """
@@ -110,17 +136,9 @@ def summarize(df: pd.DataFrame, itl, steps: pd.DataFrame | None = None, horizon:
         "num_preemptions": int(df["num_preemptions"].sum()),
         "prefix_hit_tokens": int(df["prefix_hit_tokens"].sum()),
     }
-    if steps is not None and len(steps):
-        s["engine"] = {
-            "num_steps": int(len(steps)),
-            "mean_batch_size": float(steps["batch_size"].mean()),
-            "mean_scheduled_tokens": float(steps["scheduled_tokens"].mean()),
-            "busy_time_s": float(steps["duration"].sum()),
-            "peak_kv_usage": float(steps["kv_usage"].max()),
-            "mean_kv_usage": float(np.average(steps["kv_usage"], weights=steps["duration"])),
-            "peak_running": int(steps["num_running"].max()),
-            "peak_waiting": int(steps["num_waiting"].max()),
-        }
+    eng = engine if engine is not None else (engine_stats([steps]) if steps is not None else None)
+    if eng:
+        s["engine"] = eng
     if slo and any(v is not None for v in slo.values()):
         ok = pd.Series(True, index=fin.index)
         for key, col in (("ttft_s", "ttft"), ("e2el_s", "e2el")):

@@ -12,21 +12,41 @@ import numpy as np
 import pandas as pd
 
 from lab.engine import STEP_COLUMNS
-from lab.metrics import requests_frame, summarize
+from lab.metrics import engine_stats, requests_frame, summarize
 from lab.simulation import SimResult
 
 
-def steps_frame(result: SimResult) -> pd.DataFrame:
-    """One row per engine step of every instance."""
-    frames = []
-    for inst in result.instances:
-        frames.append(pd.DataFrame({c: np.frombuffer(a, dtype=float) if len(a) else np.array([], float)
-                                    for c, a in inst.steps.cols.items()}))
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(STEP_COLUMNS))
-    for c in ("instance", "scheduled_tokens", "prefill_tokens", "decode_requests", "batch_size", "kv_blocks_used",
-              "num_running", "num_waiting", "num_preempted", "output_tokens"):
+_INT_COLS = ("instance", "scheduled_tokens", "prefill_tokens", "decode_requests", "batch_size", "kv_blocks_used",
+             "num_running", "num_waiting", "num_preempted", "output_tokens")
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    for c in _INT_COLS:
         df[c] = df[c].astype(np.int64)
+    return df
+
+
+def iter_steps(result: SimResult):
+    """The step log of every instance as DataFrame chunks (instance by instance; bounded memory)."""
+    for inst in result.instances:
+        for chunk in inst.steps.frames():
+            yield _typed(chunk)
+
+
+def num_steps(result: SimResult) -> int:
+    return sum(len(i.steps) for i in result.instances)
+
+
+def steps_frame(result: SimResult) -> pd.DataFrame:
+    """One row per engine step of every instance, ordered by start time (the whole log in memory)."""
+    frames = list(iter_steps(result))
+    df = pd.concat(frames, ignore_index=True) if frames else _typed(pd.DataFrame(
+        {c: np.array([], float) for c in STEP_COLUMNS}))
     return df.sort_values(["start", "instance"], kind="stable").reset_index(drop=True)
+
+
+# Above this many steps the report streams the step log instead of loading it whole.
+STREAM_STEPS_ABOVE = 2_000_000
 
 
 def events_frame(result: SimResult) -> pd.DataFrame:
@@ -36,17 +56,18 @@ def events_frame(result: SimResult) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows, columns=["request_id", "time", "event"])
 
 
-def collect(result: SimResult) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """(requests table, steps table, summary dict) of a run."""
+def collect(result: SimResult, steps: pd.DataFrame | None = None) -> tuple[pd.DataFrame, dict]:
+    """(requests table, summary dict) of a run; engine statistics from ``steps`` or streamed from the log."""
     exp = result.experiment
     req = requests_frame(result.requests)
-    steps = steps_frame(result)
     slo = exp.slo.model_dump()
-    summary = summarize(req, result.itl_samples, steps, horizon=exp.simulation.horizon_s, slo=slo)
+    eng = engine_stats([steps] if steps is not None else iter_steps(result))
+    summary = summarize(req, result.itl_samples, horizon=exp.simulation.horizon_s, slo=slo, engine=eng)
     dep = result.deployment
     summary["experiment"] = exp.name
     summary["deployment"] = {
         "model": dep.model.name, "gpu": dep.hardware.name, "tensor_parallel_size": exp.hardware.tensor_parallel_size,
+        "num_instances": len(result.instances),
         "scheduler": exp.policy.scheduler, "queue": exp.policy.queue, "cost_model": dep.cost_model.name,
         "num_gpu_blocks": dep.num_gpu_blocks, "block_size": exp.engine.block_size,
         "num_gpu_blocks_source": "config" if dep.kv_capacity is None else "derived",
@@ -57,8 +78,9 @@ def collect(result: SimResult) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
         summary["deployment"]["kv_capacity"] = dep.kv_capacity.as_dict()
     summary["simulation"] = {"sim_end_s": result.sim_end, "wall_time_s": result.wall_time_s,
                              "seed": exp.seed, "fast_forward_jumps": sum(i.num_jumps for i in result.instances),
-                             "fast_forward_steps": sum(i.jumped_steps for i in result.instances)}
-    return req, steps, summary
+                             "fast_forward_steps": sum(i.jumped_steps for i in result.instances),
+                             "itl_resolution_s": 1e-7 if result.itl_samples.compacted else 0.0}
+    return req, summary
 
 
 def _ms(v: float | None) -> str:
@@ -68,17 +90,39 @@ def _ms(v: float | None) -> str:
 def write_report(result: SimResult, out_dir: Path, plots: bool = True) -> dict:
     """Write every output file into ``out_dir`` (created if needed) and return the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    req, steps, summary = collect(result)
+    if num_steps(result) <= STREAM_STEPS_ABOVE:
+        steps = steps_frame(result)
+        steps.to_parquet(out_dir / "steps.parquet", index=False)
+        req, summary = collect(result, steps)
+        series = bucket_series([steps]) if plots else None
+    else:  # long run: stream the log to steps.parquet, chunk by chunk
+        _stream_steps(result, out_dir / "steps.parquet")
+        req, summary = collect(result)
+        series = bucket_series(iter_steps(result)) if plots else None
     req.to_parquet(out_dir / "requests.parquet", index=False)
     req.to_csv(out_dir / "requests.csv", index=False)
-    steps.to_parquet(out_dir / "steps.parquet", index=False)
     ev = events_frame(result)
     if len(ev):
         ev.to_parquet(out_dir / "events.parquet", index=False)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
-    figs = plot_all(req, steps, result, out_dir) if plots else []
+    figs = plot_all(req, series, result, out_dir) if plots else []
     (out_dir / "report.md").write_text(markdown(summary, figs))
     return summary
+
+
+def _stream_steps(result: SimResult, path: Path) -> None:
+    """Write the whole step log to ``path`` chunk by chunk (instance by instance)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writer = None
+    for chunk in iter_steps(result):
+        table = pa.Table.from_pandas(chunk, preserve_index=False)
+        if writer is None:
+            writer = pq.ParquetWriter(path, table.schema)
+        writer.write_table(table)
+    if writer is not None:
+        writer.close()
 
 
 def _json_default(o):
@@ -126,7 +170,7 @@ def markdown(summary: dict, figures: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def plot_all(req: pd.DataFrame, steps: pd.DataFrame, result: SimResult, out_dir: Path) -> list[tuple[str, str]]:
+def plot_all(req: pd.DataFrame, series: pd.DataFrame | None, result: SimResult, out_dir: Path) -> list[tuple[str, str]]:
     """Latency CDFs, throughput and queue length over time, KV usage over time; returns (title, file) pairs."""
     import matplotlib
 
@@ -151,22 +195,21 @@ def plot_all(req: pd.DataFrame, steps: pd.DataFrame, result: SimResult, out_dir:
     plt.close(fig)
     figs.append(("Latency CDFs", "latency_cdf.png"))
 
-    if len(steps):
-        end = steps["start"] + steps["duration"]
-        bucket = np.floor(end).astype(int)
-        tput = steps.groupby(bucket)["output_tokens"].sum()
-        prefill = steps.groupby(bucket)["prefill_tokens"].sum()
+    if series is not None and len(series):
+        span = series.index.max() - series.index.min() + 1
+        step = max(1, int(span // 4000))  # at most ~4000 points per line
+        ser = series.groupby(series.index // step * step).mean() if step > 1 else series
         fig, axes = plt.subplots(3, 1, figsize=(11, 8), sharex=True)
-        axes[0].plot(tput.index, tput.values, label="output tokens/s")
-        axes[0].plot(prefill.index, prefill.values, label="prefill tokens/s", alpha=0.7)
+        axes[0].plot(ser.index, ser["output_tokens"], label="output tokens/s")
+        axes[0].plot(ser.index, ser["prefill_tokens"], label="prefill tokens/s", alpha=0.7)
         axes[0].set_ylabel("tokens/s")
         axes[0].legend()
-        axes[1].plot(steps["start"], steps["num_running"], label="running", lw=0.8)
-        axes[1].plot(steps["start"], steps["num_waiting"], label="waiting", lw=0.8)
-        axes[1].set_ylabel("requests")
+        axes[1].plot(ser.index, ser["num_running"], label="running", lw=0.8)
+        axes[1].plot(ser.index, ser["num_waiting"], label="waiting", lw=0.8)
+        axes[1].set_ylabel("requests (all instances)")
         axes[1].legend()
-        axes[2].plot(steps["start"], steps["kv_usage"] * 100, lw=0.8)
-        axes[2].set_ylabel("KV usage (%)")
+        axes[2].plot(ser.index, ser["kv_usage"] * 100, lw=0.8)
+        axes[2].set_ylabel("KV usage (%, mean of instances)")
         axes[2].set_xlabel("time (s)")
         for ax in axes:
             ax.grid(alpha=0.3)
@@ -175,3 +218,27 @@ def plot_all(req: pd.DataFrame, steps: pd.DataFrame, result: SimResult, out_dir:
         plt.close(fig)
         figs.append(("Throughput, queues and KV usage over time", "timeseries.png"))
     return figs
+
+
+def bucket_series(chunks, bucket_s: float = 1.0) -> pd.DataFrame:
+    """Per ``bucket_s`` bucket of step end times: output and prefill tokens per second, running and waiting
+    requests (summed over instances, each at its last step in the bucket) and KV usage (mean over instances)."""
+    parts = []
+    for st in chunks:
+        if not len(st):
+            continue
+        b = np.floor((st["start"] + st["duration"]) / bucket_s).astype(np.int64)
+        g = st.assign(bucket=b).groupby(["instance", "bucket"], sort=False)
+        parts.append(pd.DataFrame({"output_tokens": g["output_tokens"].sum(), "prefill_tokens": g["prefill_tokens"].sum(),
+                                   "num_running": g["num_running"].last(), "num_waiting": g["num_waiting"].last(),
+                                   "kv_usage": g["kv_usage"].last()}))
+    if not parts:
+        return pd.DataFrame(columns=["output_tokens", "prefill_tokens", "num_running", "num_waiting", "kv_usage"])
+    per = pd.concat(parts).groupby(level=[0, 1], sort=False).agg(
+        {"output_tokens": "sum", "prefill_tokens": "sum", "num_running": "last", "num_waiting": "last",
+         "kv_usage": "last"})
+    out = per.groupby(level=1).agg({"output_tokens": "sum", "prefill_tokens": "sum", "num_running": "sum",
+                                    "num_waiting": "sum", "kv_usage": "mean"}).sort_index()
+    out[["output_tokens", "prefill_tokens"]] /= bucket_s
+    out.index = out.index * bucket_s
+    return out

@@ -13,23 +13,44 @@ from typing import Sequence
 import numpy as np
 
 
-class WeightedSamples:
-    """A multiset of float samples stored as (value, weight) pairs."""
+# Beyond this many stored pairs, values are rounded to RESOLUTION seconds and equal values merged, so memory stays
+# bounded on long runs (percentiles then carry at most RESOLUTION/2 of rounding).
+COMPACT_AT = 2_000_000
+RESOLUTION = 1e-7
 
-    __slots__ = ("values", "weights")
+
+class WeightedSamples:
+    """A multiset of float samples stored as (value, weight) pairs; exact until ``COMPACT_AT`` pairs, then kept at
+    ``RESOLUTION`` (0.1 µs)."""
+
+    __slots__ = ("values", "weights", "compacted")
 
     def __init__(self) -> None:
         self.values = array("d")
         self.weights = array("d")
+        self.compacted = False
 
     def add(self, value: float, weight: float = 1.0) -> None:
         self.values.append(value)
         self.weights.append(weight)
+        if len(self.values) > COMPACT_AT:
+            self.compact()
 
     def extend(self, values, weight: float) -> None:
         """Add each of ``values`` with the same ``weight``."""
         self.values.extend(values)
         self.weights.extend([weight] * len(values))
+        if len(self.values) > COMPACT_AT:
+            self.compact()
+
+    def compact(self) -> None:
+        """Round values to ``RESOLUTION`` and merge equal ones (weights add)."""
+        v, w = self.arrays()
+        keys, inv = np.unique(np.round(v / RESOLUTION).astype(np.int64), return_inverse=True)
+        weights = np.bincount(inv, weights=w)
+        self.values = array("d", (keys * RESOLUTION).tolist())
+        self.weights = array("d", weights.tolist())
+        self.compacted = True
 
     def merge(self, other: "WeightedSamples") -> None:
         self.values.extend(other.values)

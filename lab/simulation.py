@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -15,7 +17,7 @@ from lab.costmodel.kv_capacity import KVCapacity, derive_num_gpu_blocks
 from lab.costmodel.llmservingsim import LLMServingSimProfileCostModel
 from lab.costmodel.model_arch import ModelArch, load_model
 from lab.costmodel.roofline import Efficiency, RooflineCostModel
-from lab.engine import EngineOptions, Instance
+from lab.engine import EngineOptions, Instance, StepLog
 from lab.kv_cache import KVCacheManager
 from lab.samples import WeightedSamples
 from lab.request import Request, RequestStatus
@@ -71,6 +73,22 @@ class SimResult:
     sim_end: float
     wall_time_s: float
     info: dict = field(default_factory=dict)
+
+
+class _RouterView:
+    """What a router gets for each instance: reading any attribute first brings an instance that is inside a
+    fast-forward jump up to date, so routers see exactly the state of step-by-step simulation, and routers that
+    read nothing (round robin) do not cut jumps short."""
+
+    __slots__ = ("_inst",)
+
+    def __init__(self, inst: Instance) -> None:
+        self._inst = inst
+
+    def __getattr__(self, name: str):
+        inst = self._inst
+        inst.materialize()
+        return getattr(inst, name)
 
 
 def build_requests(exp: Experiment) -> list[Request]:
@@ -204,6 +222,10 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
                                    "fast_forward": exp.simulation.fast_forward})
     horizon = exp.simulation.horizon_s
     jumping: set = set()
+    big = len(reqs) > 200_000
+    record_events = exp.simulation.record_events if exp.simulation.record_events is not None else not big
+    spill = exp.simulation.step_log == "spill" or (exp.simulation.step_log == "auto" and big)
+    spill_dir = tempfile.mkdtemp(prefix="servelab_steps_") if spill else None
     instances = []
     for i in range(exp.cluster.num_instances):
         kv = KVCacheManager(dep.num_gpu_blocks, e.block_size, dep.scheduler_config.max_model_len,
@@ -211,7 +233,9 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
                             prepend_unhashed=dep.prepend_unhashed)
         scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir)
         inst = Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
-                        record_events=exp.simulation.record_events, options=options)
+                        record_events=record_events, options=options)
+        if spill_dir:
+            inst.steps = StepLog(os.path.join(spill_dir, f"steps_{i}.parquet"))
         inst.stop_time = horizon if horizon else float("inf")
         inst.jumping = jumping
         instances.append(inst)
@@ -227,6 +251,8 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         for inst in instances:
             inst.arrival_hint = hint
 
+    views = [_RouterView(i) for i in instances]
+
     def arrivals():
         single = instances[0] if len(instances) == 1 else None
         for r in reqs:
@@ -237,9 +263,7 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
             if single is not None:
                 single.add_request(r)
             else:
-                for j in list(jumping):  # routers must see every instance as step-by-step simulation would
-                    j.materialize()
-                instances[router.route(r, instances, env.now)].add_request(r)
+                instances[router.route(r, views, env.now)].add_request(r)
         nxt[0] = float("inf")
 
     env.process(arrivals())

@@ -90,3 +90,28 @@ def test_cluster_of_instances_round_robin(tmp_path):
     assert (req.groupby("instance").size() >= 13).all()
     steps = pd.read_parquet(out / "steps.parquet")
     assert sorted(steps["instance"].unique()) == [0, 1, 2]
+
+
+def test_spilled_step_log_gives_the_same_outputs(tmp_path, monkeypatch):
+    import lab.engine
+    import lab.report
+
+    monkeypatch.setattr(lab.report, "STREAM_STEPS_ABOVE", 100)  # force the streaming report path
+    outs = {}
+    for mode in ("memory", "spill"):
+        if mode == "spill":
+            monkeypatch.setattr(lab.engine.StepLog.__init__, "__defaults__", (None, 64))  # tiny chunks
+        out = tmp_path / mode
+        res = runner.invoke(app, ["run", str(REPO / "experiments" / "demo.yaml"), "--out", str(out), "-q",
+                                  "--set", "workload.num_requests=60", "--set", f"simulation.step_log={mode}",
+                                  "--set", "cluster.num_instances=2"])
+        assert res.exit_code == 0, res.output
+        outs[mode] = out
+    a = pd.read_parquet(outs["memory"] / "steps.parquet").sort_values(["instance", "start"]).reset_index(drop=True)
+    b = pd.read_parquet(outs["spill"] / "steps.parquet").sort_values(["instance", "start"]).reset_index(drop=True)
+    assert len(a) > 200
+    pd.testing.assert_frame_equal(a, b)
+    sa = json.loads((outs["memory"] / "summary.json").read_text())
+    sb = json.loads((outs["spill"] / "summary.json").read_text())
+    assert sa["engine"] == pytest.approx(sb["engine"]) and sa["ttft"] == sb["ttft"]
+    assert (outs["spill"] / "timeseries.png").is_file()

@@ -75,3 +75,27 @@ def test_unfinished_requests_are_counted_at_a_horizon():
     s = summarize(df, np.array([]), horizon=1.0)
     assert s["num_unfinished"] == 1 and s["num_finished"] == 1
     assert s["duration_s"] == 1.0
+
+
+def test_weighted_samples_are_exact_and_compact_on_long_runs(monkeypatch):
+    import lab.samples as samples
+
+    rng = np.random.default_rng(0)
+    vals = rng.uniform(0.001, 0.05, 500)
+    w = samples.WeightedSamples()
+    expanded = []
+    for v in vals:
+        k = int(rng.integers(1, 5))
+        w.add(float(v), k)
+        expanded += [float(v)] * k
+    d = w.describe((50, 90, 99))
+    assert d["count"] == len(expanded)
+    assert d["mean"] == pytest.approx(np.mean(expanded))
+    for p in (50, 90, 99):
+        assert d[f"p{p}"] == pytest.approx(np.percentile(expanded, p), rel=1e-12)
+    monkeypatch.setattr(samples, "COMPACT_AT", 100)
+    c = samples.WeightedSamples()
+    for v in vals:
+        c.add(float(round(v, 3)))  # few distinct values: compaction merges them
+    assert c.compacted and len(c.values) <= 100 + 50  # bounded: distinct values + pairs added since
+    assert c.describe((90,))["p90"] == pytest.approx(np.percentile(np.round(vals, 3), 90), abs=1e-7)

@@ -1,0 +1,129 @@
+"""Speed benchmark: time servelab on fixed workloads (bench/*.yaml), optionally beside Vidur.
+
+Each workload runs in its own process so its peak memory (maximum resident set size, from ``wait4``) is its own.
+Wall time is the simulation itself (``simulate``), after the trace is loaded and before any report is written;
+the process's total wall time is shown too. Vidur, when ``--vidur PATH`` names a checkout of microsoft/vidur with
+its profiling data and its dependencies importable by ``--vidur-python``, is run on the same Azure conversation
+trace with its vLLM scheduler and a Llama-2-7B / A100 replica, and servelab runs the same model, GPU and trace for
+the ratio. Without it the reference figures measured on a 2-core machine are printed instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+WORKLOADS = {
+    "azure_conv": "bench/azure_conv.yaml",
+    "million_16x": "bench/million_16x.yaml",
+    "mooncake_conv": "bench/mooncake_conv.yaml",
+}
+
+# Vidur (microsoft/vidur, vLLM scheduler, Llama-2-7B / A100, predictors already trained), 2-core machine:
+# Azure 2023 conversation trace 19,366 requests: 103 s wall, 1.9 GB; the trace three times (58,098): 289 s, 3.0 GB.
+VIDUR_REFERENCE = {"azure_conv": {"wall_s": 103.0, "peak_mb": 1900.0, "requests": 19366}}
+
+
+@dataclass
+class BenchResult:
+    name: str
+    requests: int
+    sim_wall_s: float
+    total_wall_s: float
+    sim_end_s: float
+    steps: int
+    jumped_steps: int
+    peak_mb: float
+
+    @property
+    def sim_per_wall(self) -> float:
+        return self.sim_end_s / self.sim_wall_s if self.sim_wall_s else float("nan")
+
+    @property
+    def req_per_wall(self) -> float:
+        return self.requests / self.sim_wall_s if self.sim_wall_s else float("nan")
+
+    @property
+    def steps_per_wall(self) -> float:
+        return self.steps / self.sim_wall_s if self.sim_wall_s else float("nan")
+
+
+def worker(experiment: str, data_dir: str | None, overrides: str | None) -> None:
+    """Run one workload and print one JSON line of figures (called in a child process)."""
+    from lab.config import load_experiment
+    from lab.simulation import build_requests, simulate
+
+    t0 = time.perf_counter()
+    over = json.loads(overrides) if overrides else None
+    exp = load_experiment(experiment, data_dir, over)
+    reqs = build_requests(exp)
+    t1 = time.perf_counter()
+    res = simulate(exp, reqs)
+    t2 = time.perf_counter()
+    print(json.dumps({
+        "requests": len(reqs), "sim_wall_s": t2 - t1, "load_s": t1 - t0, "sim_end_s": res.sim_end,
+        "steps": sum(len(i.steps) for i in res.instances), "jumped_steps": sum(i.jumped_steps for i in res.instances),
+        "finished": sum(1 for r in reqs if r.finish_time is not None),
+    }))
+
+
+def _run_child(args: list[str], cwd: str | None = None) -> tuple[str, float, float]:
+    """Run a child process; return (stdout, wall seconds, peak RSS in MB)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    out, err = "", ""
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    out = p.stdout.read() if p.stdout else ""
+    err = p.stderr.read() if p.stderr else ""
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:6])} ... failed ({p.returncode}):\n{err[-3000:]}")
+    peak_mb = usage.ru_maxrss / 1024.0  # Linux reports KiB
+    return out, wall, peak_mb
+
+
+def run_workload(name: str, path: str, data_dir: str | None = None, overrides: dict | None = None) -> BenchResult:
+    args = [sys.executable, "-m", "lab.bench", path]
+    if data_dir:
+        args += ["--data-dir", data_dir]
+    if overrides:
+        args += ["--overrides", json.dumps(overrides)]
+    out, wall, peak = _run_child(args)
+    d = json.loads(out.strip().splitlines()[-1])
+    return BenchResult(name, d["requests"], d["sim_wall_s"], wall, d["sim_end_s"], d["steps"], d["jumped_steps"], peak)
+
+
+def run_vidur(vidur_dir: str, python: str, trace: str) -> tuple[float, float]:
+    """Run Vidur on a trace (vLLM scheduler, Llama-2-7B on one A100 replica); return (wall s, peak MB)."""
+    out_dir = tempfile.mkdtemp(prefix="vidur_bench_")
+    args = [python, "-m", "vidur.main",
+            "--replica_config_device", "a100",
+            "--replica_config_model_name", "meta-llama/Llama-2-7b-hf",
+            "--cluster_config_num_replicas", "1",
+            "--replica_config_tensor_parallel_size", "1",
+            "--replica_config_num_pipeline_stages", "1",
+            "--request_generator_config_type", "trace_replay",
+            "--trace_request_generator_config_trace_file", trace,
+            "--replica_scheduler_config_type", "vllm",
+            "--metrics_config_output_dir", out_dir,
+            "--no-metrics_config_write_metrics"]
+    _, wall, peak = _run_child(args, cwd=vidur_dir)
+    return wall, peak
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="servelab benchmark worker: run one workload, print figures as JSON")
+    ap.add_argument("experiment")
+    ap.add_argument("--data-dir")
+    ap.add_argument("--overrides")
+    a = ap.parse_args()
+    worker(a.experiment, a.data_dir, a.overrides)
