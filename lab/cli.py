@@ -160,16 +160,20 @@ def catalog() -> None:
 
 @app.command()
 def policies() -> None:
-    """List the registered scheduling policies."""
-    from policies import describe, describe_routers
+    """List the registered schedulers and routers with their options (docs/policies.md has the details)."""
+    from policies import describe, describe_routers, options_of, router_class, scheduler_class
 
-    for title, items in (("schedulers", describe()), ("routers", describe_routers())):
+    for title, items, get in (("schedulers (policy.scheduler, policy.options)", describe(), scheduler_class),
+                              ("routers (cluster.router, cluster.router_options)", describe_routers(), router_class)):
         t = Table(title=title)
         t.add_column("name")
         t.add_column("description")
+        t.add_column("options (default)")
         for n, d in items.items():
-            t.add_row(n, d)
+            opts = options_of(get(n))
+            t.add_row(n, d, ", ".join(f"{k}={v[0]!r}" for k, v in opts.items()) or "–")
         console.print(t)
+    console.print("A user policy: policy.scheduler (or cluster.router) = path/to/file.py:ClassName")
 
 
 if __name__ == "__main__":

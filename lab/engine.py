@@ -22,7 +22,7 @@ from lab.sched_api import Scheduler, SchedulerConfig
 
 STEP_COLUMNS = (
     "instance", "start", "duration", "scheduled_tokens", "prefill_tokens", "decode_requests", "batch_size",
-    "kv_blocks_used", "kv_usage", "num_running", "num_waiting", "num_preempted", "output_tokens",
+    "kv_blocks_used", "kv_usage", "num_running", "num_waiting", "num_preempted", "output_tokens", "transfer_s",
 )
 
 
@@ -65,13 +65,21 @@ class Instance:
         self.kv = kv
         self.cost_model = cost_model
         self.running: list[Request] = []
-        self.waiting = make_queue(config.queue_policy)
+        # A scheduler may own its waiting-queue order (e.g. shortest job first) through make_queue(config).
+        own_queue = getattr(scheduler, "make_queue", None)
+        self.waiting = own_queue(config) if own_queue is not None else make_queue(config.queue_policy)
         self.itl = itl_samples
         self.on_done = on_done
         self.record_events = record_events
         self.steps = StepLog()
         self.num_preemptions = 0
         self.busy_time = 0.0
+        # Swap preemption (issue #5): KV bytes per token on one GPU, host-link bytes/s, CPU swap space in tokens.
+        self.swap_bytes_per_token = 0.0
+        self.swap_bandwidth = 0.0
+        self.swap_capacity_tokens = 0
+        self.swap_used_tokens = 0
+        self._transfer_s = 0.0
         self._wakeup: simpy.Event | None = None
         self.process = env.process(self._loop())
 
@@ -90,23 +98,79 @@ class Instance:
             request.prefix_hit_tokens = num_computed_tokens
             self.kv.prefix_queries += request.num_tokens
             self.kv.prefix_hits += num_computed_tokens
+        swap_detail = self._swap_in(request) if request.swapped_tokens else ""
         if request.events is not None:
-            request.events.append((self.env.now, "resumed" if resumed else "scheduled"))
+            if not resumed:
+                request.events.append((self.env.now, "scheduled",
+                                       f"prefix hit {num_computed_tokens} of {request.num_tokens} tokens"))
+            else:
+                request.events.append((self.env.now, "resumed", swap_detail or (
+                    f"recompute {request.num_tokens - num_computed_tokens} tokens (prefix hit {num_computed_tokens})")))
 
-    def preempt(self, request: Request) -> None:
+    def preempt(self, request: Request, reason: str = "", requeue: str | None = None) -> None:
         running = self.running
         if running and running[-1] is request:
             running.pop()
         else:
             running.remove(request)
+        lost = request.num_computed_tokens
+        swapped = self.config.preemption_mode == "swap" and self._swap_out(request)
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
+        if not swapped:
+            request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.prepend(request)
+        where = self.config.preemption_requeue
+        if (requeue if where == "auto" else where) == "tail":
+            self.waiting.add(request)
+        else:
+            self.waiting.prepend(request)
         if request.events is not None:
-            request.events.append((self.env.now, "preempted"))
+            how = (f"swap-out {lost} tokens" if swapped else
+                   f"recompute, {lost} computed tokens dropped"
+                   + (" (CPU swap space full)" if self.config.preemption_mode == "swap" else ""))
+            request.events.append((self.env.now, "preempted", f"{how}; {reason}" if reason else how))
+
+    # ---- swap preemption: new mechanism of issue #5 (merge as a block) ----
+    def configure_swap(self, kv_bytes_per_token: float, pcie_bandwidth: float, swap_space_bytes: float) -> None:
+        """Enable swap preemption's costs: KV bytes per token on one GPU, host-link bandwidth (B/s, one
+        direction) and the CPU swap space of this instance (bytes; vLLM V0 ``swap_space``, per GPU)."""
+        self.swap_bytes_per_token = float(kv_bytes_per_token)
+        self.swap_bandwidth = float(pcie_bandwidth)
+        self.swap_capacity_tokens = int(swap_space_bytes // kv_bytes_per_token) if kv_bytes_per_token else 0
+
+    def transfer_time(self, num_tokens: int) -> float:
+        """Seconds to copy ``num_tokens`` tokens of KV over the host link, one direction."""
+        return num_tokens * self.swap_bytes_per_token / self.swap_bandwidth if self.swap_bandwidth else 0.0
+
+    def _swap_out(self, request: Request) -> bool:
+        """Copy a running request's computed KV to CPU memory; False (recompute instead) when it has none or
+        the CPU swap space cannot hold it. The PCIe time is added to the step being scheduled."""
+        c = request.num_computed_tokens
+        if c <= 0 or self.swap_used_tokens + c > self.swap_capacity_tokens:
+            return False
+        self.swap_used_tokens += c
+        request.swapped_tokens = c
+        request.num_swaps += 1
+        self._transfer_s += self.transfer_time(c)
+        return True
+
+    def _swap_in(self, request: Request) -> str:
+        """Copy a swapped request's KV back (its blocks were just allocated by the scheduler); returns the event
+        detail. The PCIe time is added to the step being scheduled."""
+        c = request.swapped_tokens
+        self.swap_used_tokens -= c
+        request.swapped_tokens = 0
+        dt = self.transfer_time(c)
+        self._transfer_s += dt
+        return f"swap-in {c} tokens ({dt * 1e3:.3f} ms over PCIe)"
+
+    def take_transfer_time(self) -> float:
+        """Host-link time accumulated while scheduling this step (swap-outs and swap-ins); resets it."""
+        t = self._transfer_s
+        self._transfer_s = 0.0
+        return t
 
     @property
     def num_outstanding_tokens(self) -> int:
@@ -150,6 +214,9 @@ class Instance:
         return ""
 
     def _reject(self, request: Request, reason: str) -> None:
+        if request.swapped_tokens:  # its KV copy in CPU memory is dropped
+            self.swap_used_tokens -= request.swapped_tokens
+            request.swapped_tokens = 0
         request.status = RequestStatus.REJECTED
         request.reason = reason
         request.finish_time = None
@@ -193,7 +260,8 @@ class Instance:
                     r.first_scheduled_time = start
             shape = BatchShape.from_requests(news, before)
             used = usable - len(pool.free_queue)
-            dt = cost.step_time(shape)
+            xfer = self.take_transfer_time() if self._transfer_s else 0.0  # swap PCIe time (issue #5)
+            dt = cost.step_time(shape) + xfer
             yield env.timeout(dt)
             now = env.now
             self.busy_time += dt
@@ -224,4 +292,4 @@ class Instance:
                 self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
             steps.append(iid, start, dt, shape.num_tokens, shape.num_tokens - len(shape.decode_context),
                          len(shape.decode_context), len(reqs), used, used / usable, len(self.running),
-                         len(self.waiting), len(out.preempted), sampled)
+                         len(self.waiting), len(out.preempted), sampled, xfer)

@@ -114,7 +114,9 @@ def build_deployment(exp: Experiment) -> Deployment:
         max_num_batched_tokens=mbt, max_num_seqs=e.max_num_seqs, max_model_len=max_model_len,
         enable_chunked_prefill=e.enable_chunked_prefill, long_prefill_token_threshold=e.long_prefill_token_threshold,
         threshold_only_when_contended=not legacy, scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
-        watermark=e.watermark, queue_policy=exp.policy.queue)
+        watermark=e.watermark, queue_policy=exp.policy.queue,
+        preemption_mode=exp.policy.preemption.mode, preemption_victim=exp.policy.preemption.victim,
+        preemption_requeue=exp.policy.preemption.requeue)
     cost = build_cost_model(exp, model, hw)
     return Deployment(model, hw, sched, blocks, capacity, cost)
 
@@ -162,10 +164,15 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         kv = KVCacheManager(dep.num_gpu_blocks, e.block_size, dep.scheduler_config.max_model_len,
                             enable_prefix_caching=e.enable_prefix_caching,
                             prepend_unhashed=e.vllm_version != "legacy")
-        scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir)
-        instances.append(Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
-                                  record_events=exp.simulation.record_events))
-    router = make_router(exp.cluster.router)
+        scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir, exp.policy.options, exp.seed)
+        inst = Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
+                        record_events=exp.simulation.record_events)
+        if exp.policy.preemption.mode == "swap":  # issue #5: KV bytes cross the host link both ways
+            kv_dtype = exp.model.dtype if exp.model.kv_cache_dtype == "auto" else exp.model.kv_cache_dtype
+            inst.configure_swap(dep.model.kv_bytes_per_token(kv_dtype, exp.hardware.tensor_parallel_size),
+                                dep.hardware.pcie_bandwidth, exp.policy.preemption.swap_space_gb * 2**30)
+        instances.append(inst)
+    router = make_router(exp.cluster.router, exp.base_dir, exp.cluster.router_options, exp.seed)
 
     def arrivals():
         single = instances[0] if len(instances) == 1 else None
