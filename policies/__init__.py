@@ -78,7 +78,7 @@ def options_of(cls: type) -> dict[str, tuple[Any, str]]:
     model = getattr(cls, "Options", None)
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         return {}
-    return {n: (f.default, f.description or "") for n, f in model.model_fields.items()}
+    return {n: (f.get_default(call_default_factory=True), f.description or "") for n, f in model.model_fields.items()}
 
 
 def scheduler_class(name: str) -> type:

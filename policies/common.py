@@ -34,6 +34,18 @@ def lookup(engine: EngineView, request: Request) -> tuple[list[Block], int]:
     return engine.kv.get_computed_blocks(request)
 
 
+def allocate_waiting(engine: EngineView, request: Request, num_new_tokens: int, hits: list[Block],
+                     num_computed: int, **kwargs) -> bool:
+    """``kv.allocate_slots`` for a waiting request with the result of :func:`lookup` (prefix-hit blocks, or the
+    computed state of a swapped-out request); ``kwargs`` go to ``allocate_slots`` (lookahead, watermark, ...).
+
+    Returns:
+        True if its slots were allocated (then ``engine.admit(request, num_computed)``).
+    """
+    return engine.kv.allocate_slots(request, num_new_tokens, hits,
+                                    0 if request.num_computed_tokens else num_computed, **kwargs)
+
+
 def resolve_victim_rule(engine: EngineView) -> str:
     """The configured victim rule, with ``auto`` mapped to vLLM's (``last`` / ``lowest_priority``)."""
     rule = engine.config.preemption_victim

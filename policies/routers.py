@@ -15,8 +15,10 @@ deterministic.
   ``queue-scorer`` weight 2 by default): score = w_prefix · (prefix tokens the instance holds / prompt tokens) +
   w_queue · (max_q − q_i)/(max_q − min_q) + w_kv · (1 − KV usage); the highest score wins.
 - ``session_affinity``: every request of a session goes to the instance that served the session's first request
-  (chosen by least outstanding requests). The session is ``Request.session_id``, else the first prefix block
-  (Mooncake ``hash_ids[0]`` or the first 16 token ids), else the request itself.
+  (chosen by least outstanding requests). The session is ``Request.session_id``, else the first
+  ``prefix_blocks`` prefix blocks (Mooncake ``hash_ids``, or 16-token groups of the token ids; the default 2
+  skips the system prompt every Mooncake request shares in ``hash_ids[0]``); a request shorter than that has
+  no session and goes to the least loaded instance.
 """
 
 from __future__ import annotations
@@ -145,18 +147,25 @@ class SessionAffinityRouter:
 
     name = "session_affinity"
 
-    def __init__(self) -> None:
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        prefix_blocks: int = Field(2, ge=1, description="leading prefix blocks that identify a session "
+                                                        "when the trace has no session_id")
+
+    def __init__(self, options: "SessionAffinityRouter.Options | None" = None) -> None:
+        self.options = options or self.Options()
         self.sessions: dict = {}
 
-    @staticmethod
-    def session_key(request: Request):
-        """``session_id``, else the first prefix block's identity, else the request itself (no affinity)."""
+    def session_key(self, request: Request):
+        """``session_id``, else the first ``prefix_blocks`` prefix blocks, else the request itself (no
+        affinity)."""
         if request.session_id is not None:
             return ("session", request.session_id)
-        if request.hash_ids:
-            return ("hash", request.hash_ids[0])
-        if request.prompt_token_ids is not None and len(request.prompt_token_ids) >= 16:
-            return ("tokens", tuple(request.prompt_token_ids[:16]))
+        k = self.options.prefix_blocks
+        if request.hash_ids is not None and len(request.hash_ids) >= k:
+            return ("hash", tuple(request.hash_ids[:k]))
+        if request.prompt_token_ids is not None and len(request.prompt_token_ids) >= 16 * k:
+            return ("tokens", tuple(request.prompt_token_ids[:16 * k]))
         return ("request", request.index)
 
     def route(self, request: Request, instances: list[InstanceView], now: float) -> int:
