@@ -139,8 +139,10 @@ def _run_one(run: Run, out_dir: str) -> dict:
     ttft = np.array([r.first_token_time - r.arrival_time for r in fin])
     e2el = np.array([r.finish_time - r.arrival_time for r in fin])
     tpot = np.array([(r.finish_time - r.first_token_time) / (r.max_tokens - 1) for r in fin if r.max_tokens > 1])
+    pre = [r.finish_time - r.arrival_time for r in fin if r.num_preemptions]
     return {"group": run.group, "trace": run.trace, "variant": run.variant, "summary": summary,
-            "wall_s": time.perf_counter() - t0, "ttft": ttft, "tpot": tpot, "e2el": e2el}
+            "wall_s": time.perf_counter() - t0, "ttft": ttft, "tpot": tpot, "e2el": e2el,
+            "preempted_requests": len(pre), "preempted_e2el_mean": float(np.mean(pre)) if pre else None}
 
 
 def run_comparison(spec: ComparisonSpec, runs: list[Run], out_dir: Path, jobs: int | None = None,
@@ -201,6 +203,8 @@ def comparison_table(results: list[dict]) -> pd.DataFrame:
             "e2el_mean": s["e2el"]["mean"], "e2el_p99": s["e2el"]["p99"],
             "request_throughput": s["request_throughput"], "output_token_throughput": s["output_token_throughput"],
             "num_preemptions": s["num_preemptions"], "num_swaps": s.get("num_swaps", 0),
+            "preempted_requests": res.get("preempted_requests", 0),
+            "preempted_e2el_mean": res.get("preempted_e2el_mean"),
             "transfer_s": (s.get("engine") or {}).get("transfer_s", 0.0),
             "prefix_hit_rate": s["prefix_hit_tokens"] / inputs if inputs else 0.0,
             "goodput": s.get("goodput"), "slo_attainment": s.get("slo_attainment"),
@@ -217,15 +221,18 @@ def comparison_markdown(spec: ComparisonSpec, table: pd.DataFrame, figures: dict
     lines = [f"# {spec.name}", "", spec.description.strip(), ""]
     if note:
         lines += [note.strip(), ""]
-    lines += ["Latencies in ms (mean / p99 over finished requests); throughput over the run's duration; prefix hit =",
-              "prefix-cache hit tokens / prompt tokens. Every run's full report is in `<group>/<trace>/<variant>/`;",
-              "all numbers are also in `comparison.csv`.", ""]
+    lines += ["Latencies in ms (mean / p99 over finished requests); throughput over the run's duration; SLO = share",
+              "of requests meeting every SLO of `slo:`; prefix hit = prefix-cache hit tokens / prompt tokens; in groups",
+              "with preemptions, `E2EL preempted` is the mean E2EL of the requests preempted at least once. Every run's",
+              "full report is in `<group>/<trace>/<variant>/`; all numbers are also in `comparison.csv`.", ""]
     for g, grp in spec.groups.items():
         sub = table[table["group"] == g]
         if not len(sub):
             continue
         lines += [f"## {g}", "", grp.description.strip(), ""]
         multi = bool((sub["num_instances"] > 1).any())
+        slo = bool(sub["slo_attainment"].notna().any())
+        pre = bool((sub["num_preemptions"] > 0).any())
         for t in grp.traces:
             rows = sub[sub["trace"] == t]
             if not len(rows):
@@ -234,6 +241,12 @@ def comparison_markdown(spec: ComparisonSpec, table: pd.DataFrame, figures: dict
             head = ("| variant | finished | TTFT mean | TTFT p99 | TPOT mean | TPOT p99 | E2EL mean | E2EL p99 | req/s "
                     "| out tok/s | preempt. | prefix hit |")
             sep = "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            if slo:
+                head += " SLO |"
+                sep += "---:|"
+            if pre:
+                head += " swaps | E2EL preempted |"
+                sep += "---:|---:|"
             if multi:
                 head += " req/instance | busy % |"
                 sep += "---:|---:|"
@@ -243,6 +256,10 @@ def comparison_markdown(spec: ComparisonSpec, table: pd.DataFrame, figures: dict
                         f"{_ms(r['ttft_p99'])} | {_ms(r['tpot_mean'])} | {_ms(r['tpot_p99'])} | {_ms(r['e2el_mean'])} | "
                         f"{_ms(r['e2el_p99'])} | {r['request_throughput']:.2f} | {r['output_token_throughput']:.0f} | "
                         f"{r['num_preemptions']} | {r['prefix_hit_rate'] * 100:.1f} % |")
+                if slo:
+                    line += f" {r['slo_attainment'] * 100:.1f} % |"
+                if pre:
+                    line += f" {r['num_swaps']} | {_ms(r['preempted_e2el_mean'])} |"
                 if multi:
                     line += (f" {r['instance_requests_min']}–{r['instance_requests_max']} | "
                              f"{r['instance_busy_min'] * 100:.0f}–{r['instance_busy_max'] * 100:.0f} |")

@@ -185,7 +185,7 @@ class SGLangScheduler:
             engine.preempt(r, reason="SGLang: no prefill or decode could be scheduled", requeue="tail")
             out.preempted.append(r)
             self.chunked_req = None
-        self._expected_bs = sum(1 for r in engine.running if r is not self.chunked_req)
+        self._expected_bs = len(engine.running) - (self.chunked_req is not None and is_running(self.chunked_req))
         return out
 
     def _reserve(self, r: Request) -> int:
