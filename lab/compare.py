@@ -22,7 +22,7 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from lab.config import ConfigError, Experiment, _format_errors, deep_merge, parse_experiment
+from lab.config import ConfigError, _format_errors, deep_merge, parse_experiment
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
 
@@ -286,13 +286,16 @@ def plot_groups(spec: ComparisonSpec, results: list[dict], out_dir: Path) -> dic
         for i, t in enumerate(traces):
             for j, metric in enumerate(("ttft", "tpot", "e2el")):
                 ax = axes[i][j]
+                k = 0
                 for res in results:
                     if res["group"] != g or res["trace"] != t:
                         continue
                     v = np.sort(np.asarray(res[metric], dtype=float))
                     v = v[np.isfinite(v) & (v > 0)]
-                    if len(v):
-                        ax.plot(v * 1000, np.arange(1, len(v) + 1) / len(v), label=res["variant"], lw=1.2)
+                    if len(v):  # tab20 colours, a new line style every 10 variants
+                        ax.plot(v * 1000, np.arange(1, len(v) + 1) / len(v), label=res["variant"], lw=1.2,
+                                color=plt.cm.tab20(k % 20), ls=("-", "--", ":")[(k // 10) % 3])
+                    k += 1
                 ax.set_xscale("log")
                 ax.set_xlabel(f"{metric.upper()} (ms, log)")
                 ax.set_ylabel("CDF")

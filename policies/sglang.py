@@ -301,7 +301,6 @@ class SGLangScheduler:
     def _decode(self, engine: EngineView, decoding: list[Request], out: SchedulerOutput) -> None:
         if not decoding:
             return
-        o = self.options
         kv = engine.kv
         bs = kv.block_size
         need = sum(max(0, -(-(r.num_computed_tokens + 1) // bs) - len(r.blocks)) for r in decoding)

@@ -134,3 +134,21 @@ def test_vllm_v1_default_victims_are_unchanged():
     submit(env, inst, [a, b, c])
     env.run(until=2.0)
     assert (a.num_preemptions, b.num_preemptions, c.num_preemptions) == (1, 0, 0)
+
+
+def test_swap_in_an_experiment_uses_the_models_kv_bytes_and_the_gpus_pcie_bandwidth():
+    from lab.config import parse_experiment
+    from lab.report import collect
+    from lab.simulation import simulate
+
+    exp = parse_experiment({
+        "name": "swap", "engine": {"num_gpu_blocks": 200, "scheduler_reserve_full_isl": False},
+        "workload": {"num_requests": 40, "rate": 50, "prompt_tokens": {"kind": "constant", "value": 300, "max": 300},
+                     "output_tokens": {"kind": "constant", "value": 200, "max": 200}},
+        "policy": {"preemption": {"mode": "swap"}}, "simulation": {"progress": False}})
+    res = simulate(exp)
+    _, steps, summary = collect(res)
+    assert summary["num_finished"] == 40 and summary["num_swaps"] > 0
+    swapped = sum(int(e[2].split()[1]) for r in res.requests for e in r.events if e[1] == "preempted")
+    per_token = 2 * 8 * 128 * 32 / 64e9 * 2  # Llama-3.1-8B bf16 KV bytes per token over H100 PCIe 5.0 (64 GB/s)
+    assert summary["engine"]["transfer_s"] == pytest.approx(2 * swapped * per_token)
