@@ -129,7 +129,7 @@ class Instance:
         if request.events is not None:
             how = (f"swap-out {lost} tokens" if swapped else
                    f"recompute, {lost} computed tokens dropped"
-                   + (" (CPU swap space full)" if self.config.preemption_mode == "swap" else ""))
+                   + (" (CPU swap space full)" if self.config.preemption_mode == "swap" and lost > 0 else ""))
             request.events.append((self.env.now, "preempted", f"{how}; {reason}" if reason else how))
 
     # ---- swap preemption: new mechanism of issue #5 (merge as a block) ----
