@@ -52,6 +52,10 @@ class SarathiScheduler:
             if r.num_tokens - r.num_computed_tokens != 1 or r.num_output_tokens == 0:
                 prefills.append(r)
                 continue
+            if kv.allocate_slots(r, 1):  # the common case, inline
+                out.add(r, 1)
+                budget -= 1
+                continue
             ok, refunded = allocate_or_preempt(engine, out, r, 1, rule)
             budget += refunded
             if ok:

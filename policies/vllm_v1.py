@@ -11,8 +11,11 @@ first; the first allocation failure stops it (head-of-line blocking; a waiting r
 
 from __future__ import annotations
 
+from lab.request import RequestStatus
 from lab.sched_api import EngineView, SchedulerOutput
-from policies.common import allocate_or_preempt, is_running, lookup, resolve_victim_rule
+from policies.common import allocate_or_preempt, lookup, resolve_victim_rule
+
+_RUNNING = RequestStatus.RUNNING
 
 
 class VLLMV1Scheduler:
@@ -37,13 +40,14 @@ class VLLMV1Scheduler:
     def schedule_running(self, engine: EngineView, out: SchedulerOutput, budget: int, threshold: int) -> int:
         """Phase 1: running requests in admission order; returns the budget left."""
         cfg = engine.config
+        kv = engine.kv
         max_model_len = cfg.max_model_len
         lookahead = cfg.num_lookahead_tokens
-        rule = resolve_victim_rule(engine)
+        rule = None
         for r in list(engine.running):
             if budget <= 0:
                 break
-            if not is_running(r):
+            if r.status is not _RUNNING:
                 continue  # preempted earlier in this step
             n = r.num_tokens - r.num_computed_tokens
             if 0 < threshold < n:
@@ -55,6 +59,11 @@ class VLLMV1Scheduler:
                 n = cap
             if n <= 0:
                 continue
+            if kv.allocate_slots(r, n, num_lookahead_tokens=lookahead):  # the common case, inline
+                out.add(r, n)
+                budget -= n
+                continue
+            rule = rule or resolve_victim_rule(engine)
             ok, refunded = allocate_or_preempt(engine, out, r, n, rule, lookahead)
             budget += refunded
             if ok:

@@ -123,3 +123,19 @@ def test_unknown_router_and_bad_router_options_fail_clearly():
         parse_experiment({"name": "x", "cluster": {"router": "prefix_aware", "router_options": {"weight": 1}}})
     with pytest.raises(ConfigError, match="cluster.router_options.queue_weight"):
         parse_experiment({"name": "x", "cluster": {"router": "prefix_aware", "router_options": {"queue_weight": -1}}})
+
+
+def test_session_affinity_with_a_csv_session_column(tmp_path):
+    from lab.workload.loaders import load_csv
+
+    p = tmp_path / "t.csv"
+    rows = ["arrival_time_s,prompt_tokens,output_tokens,session_id"]
+    rows += [f"{i * 0.001},{200 + i},{10},{'user' + str(i % 3)}" for i in range(12)]
+    p.write_text("\n".join(rows) + "\n")
+    reqs = load_csv(p)
+    assert reqs[4].session_id == "user1"
+    simulate(cluster("session_affinity", n=3), requests=reqs)
+    by_session = {}
+    for r in reqs:
+        by_session.setdefault(r.session_id, set()).add(r.instance_id)
+    assert all(len(v) == 1 for v in by_session.values()) and len({next(iter(v)) for v in by_session.values()}) == 3
