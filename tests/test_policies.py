@@ -189,6 +189,28 @@ def test_dfs_weight_visits_the_heaviest_subtree_first_and_children_before_their_
     assert order == [3, 4, 1, 2, 0]  # B (weight 2) before C (1), then A's own, then the root's
 
 
+def test_sglang_dfs_weight_serves_the_prefix_shared_by_more_waiting_requests_first():
+    P, Q = list(range(1, 17)), list(range(101, 117))
+
+    def workload():
+        return [req(0, 20, 1, prompt_token_ids=P + [900] * 4), req(1, 20, 1, t=0.5, prompt_token_ids=Q + [901] * 4),
+                req(2, 4, 6, t=2.0),                                           # holds the only seat
+                req(3, 20, 1, t=2.1, prompt_token_ids=Q + [902] * 4),          # q1: Q subtree (weight 1)
+                req(4, 20, 1, t=2.2, prompt_token_ids=P + [903] * 4),          # p1, p2: P subtree (weight 2)
+                req(5, 20, 1, t=2.3, prompt_token_ids=P + [904] * 4)]
+
+    rs = workload()
+    run(SGLangScheduler(SGLangScheduler.Options(schedule_policy="dfs-weight")), rs, max_num_seqs=1,
+        max_num_batched_tokens=100)
+    # when the seat frees (t = 8): P's subtree holds 2 waiting requests, Q's 1 -> p1 first although q1 is older;
+    # the step after, P and Q hold one each and the tie goes to the first seen (q1)
+    assert rs[4].first_scheduled_time == 8.0 and rs[3].first_scheduled_time == 9.0
+    assert rs[3].prefix_hit_tokens == rs[4].prefix_hit_tokens == 16
+    rs = workload()
+    run(SGLangScheduler(), rs, max_num_seqs=1, max_num_batched_tokens=100)  # fcfs
+    assert rs[3].first_scheduled_time < rs[4].first_scheduled_time
+
+
 def test_sglang_lof_queue_serves_the_longest_output_first():
     q = LongestOutputFirstQueue()
     for r in (req(0, 4, 10), req(1, 4, 300), req(2, 4, 50)):
