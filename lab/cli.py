@@ -23,7 +23,9 @@ SET_OPT = typer.Option(None, "--set", help="override a field, e.g. --set engine.
 
 
 def _fail(msg: str) -> None:
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False)
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
     raise typer.Exit(2)
 
 
@@ -199,6 +201,43 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
 
 
 @app.command()
+def compare(spec: Path = typer.Argument(..., help="comparison YAML file"), out: Optional[Path] = OUT_OPT,
+            data_dir: Optional[Path] = DATA_OPT,
+            jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="worker processes (default: the file's jobs)"),
+            group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="run only this group (repeatable)"),
+            no_plots: bool = typer.Option(False, "--no-plots"),
+            quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+    """Run several policies on several traces (a comparison file) and write one side-by-side report."""
+    from lab.compare import load_comparison, run_comparison
+    from lab.config import ConfigError
+    from lab.workload.loaders import WorkloadError
+    from policies import PolicyError
+
+    try:
+        cmp_spec, runs = load_comparison(spec, data_dir, group)
+    except ConfigError as e:
+        _fail(str(e))
+    out_dir = out or Path("reports") / cmp_spec.name
+    done = [0]
+
+    def progress(res: dict) -> None:
+        done[0] += 1
+        if not quiet:
+            s = res["summary"]
+            err_console.print(f"[{done[0]}/{len(runs)}] {res['group']}/{res['trace']}/{res['variant']}: "
+                              f"TTFT p99 {(s['ttft']['p99'] or 0) * 1000:.0f} ms, TPOT p99 "
+                              f"{(s['tpot']['p99'] or 0) * 1000:.1f} ms, {s['request_throughput']:.2f} req/s "
+                              f"({res['wall_s']:.1f} s wall)", highlight=False)
+
+    try:
+        run_comparison(cmp_spec, runs, out_dir, jobs=jobs, plots=False if no_plots else None, progress=progress,
+                       note_base=spec.resolve().parent)
+    except (PolicyError, WorkloadError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    console.print(f"{len(runs)} runs; wrote {out_dir}/comparison.md, comparison.csv and every run's report")
+
+
+@app.command()
 def catalog() -> None:
     """List the models and GPUs the catalogs know."""
     from lab.costmodel.hardware import hardware_names, load_hardware
@@ -224,16 +263,20 @@ def catalog() -> None:
 
 @app.command()
 def policies() -> None:
-    """List the registered scheduling policies."""
-    from policies import describe, describe_routers
+    """List the registered schedulers and routers with their options (docs/policies.md has the details)."""
+    from policies import describe, describe_routers, options_of, router_class, scheduler_class
 
-    for title, items in (("schedulers", describe()), ("routers", describe_routers())):
+    for title, items, get in (("schedulers (policy.scheduler, policy.options)", describe(), scheduler_class),
+                              ("routers (cluster.router, cluster.router_options)", describe_routers(), router_class)):
         t = Table(title=title)
         t.add_column("name")
         t.add_column("description")
+        t.add_column("options (default)")
         for n, d in items.items():
-            t.add_row(n, d)
+            opts = options_of(get(n))
+            t.add_row(n, d, ", ".join(f"{k}={v[0]!r}" for k, v in opts.items()) or "–")
         console.print(t)
+    console.print("A user policy: policy.scheduler (or cluster.router) = path/to/file.py:ClassName")
 
 
 if __name__ == "__main__":

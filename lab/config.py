@@ -7,7 +7,7 @@ an error message names the file, the field path and what was expected.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -129,11 +129,26 @@ class EngineConfig(_Strict):
         return str(v) if isinstance(v, (int, float)) else v
 
 
+class PreemptionConfig(_Strict):
+    """How a running request is preempted when KV runs out, who is chosen, and where it is requeued."""
+
+    mode: Literal["recompute", "swap"] = "recompute"
+    victim: Literal["auto", "last", "lowest_priority", "most_kv", "least_progress"] = "auto"
+    requeue: Literal["auto", "head", "tail"] = "auto"
+    swap_space_gb: float = Field(4.0, gt=0, description="CPU swap space per GPU (GiB; vLLM V0 swap_space)")
+
+
 class PolicyConfig(_Strict):
-    """The scheduling policy (``servelab policies`` lists them) and its queue order."""
+    """The scheduling policy (``servelab policies`` lists them), its queue order, preemption and options.
+
+    ``options`` are the scheduler's own settings; each scheduler validates them (unknown keys are errors) and
+    docs/policies.md lists them.
+    """
 
     scheduler: str = "vllm_v1"
     queue: Literal["fcfs", "priority"] = "fcfs"
+    preemption: PreemptionConfig = PreemptionConfig()
+    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class EfficiencyConfig(_Strict):
@@ -155,6 +170,7 @@ class ClusterConfig(_Strict):
 
     num_instances: int = Field(1, ge=1)
     router: str = "round_robin"
+    router_options: dict[str, Any] = Field(default_factory=dict)
 
 
 class CostModelConfig(_Strict):
@@ -227,6 +243,12 @@ class Experiment(_Strict):
     slo: SLOConfig = SLOConfig()
     output: OutputConfig = OutputConfig()
 
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_shorthand(cls, v: Any) -> Any:
+        """``policy: NAME`` or ``policy: path/to/file.py:Class`` is short for ``policy: {scheduler: ...}``."""
+        return {"scheduler": v} if isinstance(v, str) else v
+
     # Set by load_experiment: where relative paths resolve.
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
     resolved_data_dir: Path = Field(default_factory=default_data_dir, exclude=True)
@@ -264,7 +286,24 @@ def parse_experiment(data: dict, source: str = "<experiment>", base_dir: Path | 
         exp.resolved_data_dir = Path(data_dir)
     elif exp.data_dir and not __import__("os").environ.get("SERVELAB_DATA_DIR"):
         exp.resolved_data_dir = expand_path(exp.data_dir, default_data_dir(), exp.base_dir, "data_dir")
+    check_policies(exp, source)
     return exp
+
+
+def check_policies(exp: Experiment, source: str) -> None:
+    """Resolve the scheduler and router names (or user files) and validate their options now, so a typo or a
+    broken policy file fails at load time with the experiment file named.
+
+    Raises:
+        ConfigError: unknown name, unloadable file, or bad options.
+    """
+    from policies import PolicyError, check_router, check_scheduler  # lazy: policies sit beside the engine
+
+    try:
+        check_scheduler(exp.policy.scheduler, exp.base_dir, exp.policy.options)
+        check_router(exp.cluster.router, exp.base_dir, exp.cluster.router_options)
+    except PolicyError as e:
+        raise ConfigError(f"{source}: {e}") from None
 
 
 def load_experiment(path: str | Path, data_dir: str | Path | None = None,

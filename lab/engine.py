@@ -31,7 +31,7 @@ from lab.sched_api import Scheduler, SchedulerConfig
 
 STEP_COLUMNS = (
     "instance", "start", "duration", "scheduled_tokens", "prefill_tokens", "decode_requests", "batch_size",
-    "kv_blocks_used", "kv_usage", "num_running", "num_waiting", "num_preempted", "output_tokens",
+    "kv_blocks_used", "kv_usage", "num_running", "num_waiting", "num_preempted", "output_tokens", "transfer_s",
 )
 
 
@@ -77,9 +77,9 @@ class _At(Event):
 class _Step:
     """A step that has been scheduled: its requests, their token counts, and whether each samples a token."""
 
-    __slots__ = ("reqs", "news", "samples", "shape", "dt", "scheduled_at", "used_blocks", "num_preempted")
+    __slots__ = ("reqs", "news", "samples", "shape", "dt", "scheduled_at", "used_blocks", "num_preempted", "xfer")
 
-    def __init__(self, reqs, news, samples, shape, dt, scheduled_at, used_blocks, num_preempted):
+    def __init__(self, reqs, news, samples, shape, dt, scheduled_at, used_blocks, num_preempted, xfer=0.0):
         self.reqs = reqs
         self.news = news
         self.samples = samples
@@ -88,6 +88,7 @@ class _Step:
         self.scheduled_at = scheduled_at
         self.used_blocks = used_blocks
         self.num_preempted = num_preempted
+        self.xfer = xfer
 
 
 class StepLog:
@@ -184,7 +185,9 @@ class Instance:
         self.options = options or EngineOptions()
         self.async_scheduling = self.options.async_scheduling and bool(getattr(scheduler, "supports_async", False))
         self.running: list[Request] = []
-        self.waiting = make_queue(config.queue_policy)
+        # A scheduler may own its waiting-queue order (e.g. shortest job first) through make_queue(config).
+        own_queue = getattr(scheduler, "make_queue", None)
+        self.waiting = own_queue(config) if own_queue is not None else make_queue(config.queue_policy)
         self.itl = itl_samples
         self.on_done = on_done
         self.record_events = record_events
@@ -192,6 +195,13 @@ class Instance:
         self.breakdown: dict[str, array] = {}
         self.num_preemptions = 0
         self.busy_time = 0.0
+        self.transfer_total = 0.0
+        # Swap preemption (issue #5): KV bytes per token on one GPU, host-link bytes/s, CPU swap space in tokens.
+        self.swap_bytes_per_token = 0.0
+        self.swap_bandwidth = 0.0
+        self.swap_capacity_tokens = 0
+        self.swap_used_tokens = 0
+        self._transfer_s = 0.0
         self._wakeup: simpy.Event | None = None
         # fast-forward state
         self.stop_time = float("inf")
@@ -225,24 +235,82 @@ class Instance:
             request.prefix_hit_tokens = num_computed_tokens
             self.kv.prefix_queries += request.num_tokens
             self.kv.prefix_hits += num_computed_tokens
+        swap_detail = self._swap_in(request) if request.swapped_tokens else ""
         if request.events is not None:
-            request.events.append((self.env.now, "resumed" if resumed else "scheduled"))
+            if not resumed:
+                request.events.append((self.env.now, "scheduled",
+                                       f"prefix hit {num_computed_tokens} of {request.num_tokens} tokens"))
+            else:
+                request.events.append((self.env.now, "resumed", swap_detail or (
+                    f"recompute {request.num_tokens - num_computed_tokens} tokens (prefix hit {num_computed_tokens})")))
 
-    def preempt(self, request: Request) -> None:
+    def preempt(self, request: Request, reason: str = "", requeue: str | None = None) -> None:
         running = self.running
         if running and running[-1] is request:
             running.pop()
         else:
             running.remove(request)
+        lost = request.num_computed_tokens
+        swapped = self.config.preemption_mode == "swap" and self._swap_out(request)
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
+        if not swapped:
+            request.num_computed_tokens = 0
         request.num_output_placeholders = 0  # a token sampled by a step in flight is dropped
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.prepend(request)
+        where = self.config.preemption_requeue
+        if (requeue if where == "auto" else where) == "tail":
+            self.waiting.add(request)
+        else:
+            self.waiting.prepend(request)
         if request.events is not None:
-            request.events.append((self.env.now, "preempted"))
+            how = (f"swap-out {request.swapped_tokens} tokens" if swapped else
+                   f"recompute, {lost} computed tokens dropped"
+                   + (" (CPU swap space full)" if self.config.preemption_mode == "swap" and lost > 0 else ""))
+            request.events.append((self.env.now, "preempted", f"{how}; {reason}" if reason else how))
+
+    # ---- swap preemption: new mechanism of issue #5 (merge as a block) ----
+    def configure_swap(self, kv_bytes_per_token: float, pcie_bandwidth: float, swap_space_bytes: float) -> None:
+        """Enable swap preemption's costs: KV bytes per token on one GPU, host-link bandwidth (B/s, one
+        direction) and the CPU swap space of this instance (bytes; vLLM V0 ``swap_space``, per GPU)."""
+        self.swap_bytes_per_token = float(kv_bytes_per_token)
+        self.swap_bandwidth = float(pcie_bandwidth)
+        self.swap_capacity_tokens = int(swap_space_bytes // kv_bytes_per_token) if kv_bytes_per_token else 0
+
+    def transfer_time(self, num_tokens: int) -> float:
+        """Seconds to copy ``num_tokens`` tokens of KV over the host link, one direction."""
+        return num_tokens * self.swap_bytes_per_token / self.swap_bandwidth if self.swap_bandwidth else 0.0
+
+    def _swap_out(self, request: Request) -> bool:
+        """Copy a running request's computed KV to CPU memory; False (recompute instead) when it has none or
+        the CPU swap space cannot hold it. The PCIe time is added to the step being scheduled."""
+        c = request.num_computed_tokens - request.inflight_tokens  # tokens of steps still running are not kept
+        if c <= 0 or self.swap_used_tokens + c > self.swap_capacity_tokens:
+            return False
+        self.swap_used_tokens += c
+        request.num_computed_tokens = c
+        request.swapped_tokens = c
+        request.num_swaps += 1
+        self._transfer_s += self.transfer_time(c)
+        return True
+
+    def _swap_in(self, request: Request) -> str:
+        """Copy a swapped request's KV back (its blocks were just allocated by the scheduler); returns the event
+        detail. The PCIe time is added to the step being scheduled."""
+        c = request.swapped_tokens
+        self.swap_used_tokens -= c
+        request.swapped_tokens = 0
+        dt = self.transfer_time(c)
+        self._transfer_s += dt
+        return f"swap-in {c} tokens ({dt * 1e3:.3f} ms over PCIe)"
+
+    def take_transfer_time(self) -> float:
+        """Host-link time accumulated while scheduling this step (swap-outs and swap-ins); resets it."""
+        t = self._transfer_s
+        self._transfer_s = 0.0
+        return t
+
     @property
     def num_outstanding_tokens(self) -> int:
         """Tokens still to compute (prompt and recompute) or generate for every request on this instance."""
@@ -287,6 +355,9 @@ class Instance:
         return ""
 
     def _reject(self, request: Request, reason: str) -> None:
+        if request.swapped_tokens:  # its KV copy in CPU memory is dropped
+            self.swap_used_tokens -= request.swapped_tokens
+            request.swapped_tokens = 0
         request.status = RequestStatus.REJECTED
         request.reason = reason
         request.finish_time = None
@@ -319,6 +390,7 @@ class Instance:
             add_before(c)
             c += n
             r.num_computed_tokens = c
+            r.inflight_tokens += n
             if c >= r.prompt_len + r.num_output_tokens + r.num_output_placeholders:
                 r.num_output_placeholders += 1
                 add_sample(True)
@@ -338,9 +410,14 @@ class Instance:
         cpu = opt.cpu_base_s + opt.cpu_per_seq_s * shape.num_seqs + opt.cpu_per_token_s * shape.num_tokens
         if cpu:
             dt = max(dt, cpu) if self.async_scheduling else dt + cpu
+        xfer = 0.0
+        if self._transfer_s:  # swap preemption: PCIe copies scheduled with this step
+            xfer = self.take_transfer_time()
+            self.transfer_total += xfer
+            dt += xfer
         pool = self.kv.pool
         used = pool.num_gpu_blocks - 1 - len(pool.free_queue)
-        return _Step(reqs, news, samples, shape, dt, now, used, len(out.preempted))
+        return _Step(reqs, news, samples, shape, dt, now, used, len(out.preempted), xfer)
 
     def _record_breakdown(self, shape: BatchShape) -> None:
         n = len(self.steps)
@@ -361,6 +438,8 @@ class Instance:
         finished = 0
         sampled = 0
         same_gap = 0  # samples equal to this step's gap (requests whose previous token came at its start)
+        for r, n in zip(step.reqs, step.news):
+            r.inflight_tokens -= n
         for r, s in zip(step.reqs, step.samples):
             if not s or r.status != RequestStatus.RUNNING:
                 continue  # a non-final prefill chunk, or a request preempted while the step was in flight
@@ -398,7 +477,8 @@ class Instance:
             steps.maybe_spill()
         steps.append(self.instance_id, start, step.dt, shape.num_tokens,
                           shape.num_tokens - shape.num_decodes, shape.num_decodes, shape.num_seqs, step.used_blocks,
-                          step.used_blocks / usable, len(self.running), len(self.waiting), step.num_preempted, sampled)
+                          step.used_blocks / usable, len(self.running), len(self.waiting), step.num_preempted, sampled,
+                          step.xfer)
 
     def materialize(self) -> None:
         """If a jump is under way, apply every step it has completed by now and turn the step executing now into

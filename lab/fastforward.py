@@ -264,7 +264,8 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
             if B - plan.new_first:
                 inst.itl.add(float(plan.ends[0]) - starts[0], B - plan.new_first)
             steps.append(iid, starts[0], d, sh.num_tokens, sh.num_tokens - sh.num_decodes, sh.num_decodes,
-                         sh.num_seqs, useds[0], useds[0] / usable, B, nw, plan.first.num_preempted, B)
+                         sh.num_seqs, useds[0], useds[0] / usable, B, nw, plan.first.num_preempted, B,
+                         plan.first.xfer)
             inst.busy_time += d
             q0 = 1
         if n_out > q0:
@@ -274,7 +275,7 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
             n = n_out - q0
             u = useds[q0:n_out]
             ds = durs[q0:n_out]
-            steps.extend(iid, st, ds, B, 0, B, B, u, [x / usable for x in u], B, nw, 0, B, n=n)
+            steps.extend(iid, st, ds, B, 0, B, B, u, [x / usable for x in u], B, nw, 0, B, 0.0, n=n)
             busy = inst.busy_time
             for d in ds:
                 busy += d
@@ -290,10 +291,13 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
             r.num_output_tokens = plan.O0[i] + n_out
             r.last_token_time = last_end
     if n_sched > a0 or n_out > o0:
-        base_p = 1 if plan.async_ else 0
+        # every planned step gives each request one token and one sample, so the tokens and samples still in
+        # flight are equal: 1 for the step in flight at planning time (async) plus schedules not yet completed
+        in_flight = (1 if plan.async_ else 0) + n_sched - n_out
         for i, r in enumerate(reqs):
             r.num_computed_tokens = plan.C0[i] + n_sched
-            r.num_output_placeholders = base_p + n_sched - n_out
+            r.num_output_placeholders = in_flight
+            r.inflight_tokens = in_flight
     plan.applied_sched = max(a0, n_sched)
     plan.applied_out = max(o0, n_out)
     assert all(r.status == RequestStatus.RUNNING for r in reqs)

@@ -51,9 +51,40 @@ STREAM_STEPS_ABOVE = 2_000_000
 
 def events_frame(result: SimResult) -> pd.DataFrame:
     """One row per lifecycle event of every request (arrived, scheduled, preempted, resumed, first_token,
-    finished, rejected), when the run recorded them."""
-    rows = [(r.request_id, t, ev) for r in result.requests if r.events for (t, ev) in r.events]
-    return pd.DataFrame.from_records(rows, columns=["request_id", "time", "event"])
+    finished, rejected), when the run recorded them: request_id, instance, time, event and detail (why: the
+    preemption cause and mode, swap-in or recompute with its prefix hit, ...)."""
+    rows = [(r.request_id, r.instance_id, e[0], e[1], e[2] if len(e) > 2 else "")
+            for r in result.requests if r.events for e in r.events]
+    return pd.DataFrame.from_records(rows, columns=["request_id", "instance", "time", "event", "detail"])
+
+
+def instances_table(req: pd.DataFrame, result: SimResult, duration: float) -> list[dict]:
+    """Per-instance metrics (issue #5): requests routed, finished, TTFT/TPOT/E2EL mean and p99 (s), output
+    token throughput over the cluster's duration, preemptions, prefix-hit tokens, busy fraction, steps and
+    swap (host-link) time."""
+    rows = []
+    dur = duration if duration > 0 else float("nan")
+    for inst in result.instances:
+        i = inst.instance_id
+        r = req[req["instance"] == i]
+        fin = r[r["status"] == "finished"]
+
+        def stat(col: str, fn) -> float | None:
+            v = fin[col].to_numpy(dtype=float)
+            v = v[np.isfinite(v)]
+            return float(fn(v)) if len(v) else None
+
+        rows.append({
+            "instance": int(i), "num_requests": int(len(r)), "num_finished": int(len(fin)),
+            "ttft_mean": stat("ttft", np.mean), "ttft_p99": stat("ttft", lambda a: np.percentile(a, 99)),
+            "tpot_mean": stat("tpot", np.mean), "tpot_p99": stat("tpot", lambda a: np.percentile(a, 99)),
+            "e2el_mean": stat("e2el", np.mean), "e2el_p99": stat("e2el", lambda a: np.percentile(a, 99)),
+            "output_token_throughput": float(fin["output_tokens"].sum()) / dur,
+            "num_preemptions": int(r["num_preemptions"].sum()), "prefix_hit_tokens": int(r["prefix_hit_tokens"].sum()),
+            "num_steps": int(len(inst.steps)), "busy_fraction": inst.busy_time / dur,
+            "transfer_s": inst.transfer_total,
+        })
+    return rows
 
 
 def collect(result: SimResult, steps: pd.DataFrame | None = None) -> tuple[pd.DataFrame, dict]:
@@ -65,10 +96,16 @@ def collect(result: SimResult, steps: pd.DataFrame | None = None) -> tuple[pd.Da
     summary = summarize(req, result.itl_samples, horizon=exp.simulation.horizon_s, slo=slo, engine=eng)
     dep = result.deployment
     summary["experiment"] = exp.name
+    summary["instances"] = instances_table(req, result, summary["duration_s"])
+    summary["num_swaps"] = int(sum(r.num_swaps for r in result.requests))
+    if "engine" in summary:
+        summary["engine"]["transfer_s"] = float(sum(i.transfer_total for i in result.instances))
     summary["deployment"] = {
         "model": dep.model.name, "gpu": dep.hardware.name, "tensor_parallel_size": exp.hardware.tensor_parallel_size,
         "num_instances": len(result.instances),
         "scheduler": exp.policy.scheduler, "queue": exp.policy.queue, "cost_model": dep.cost_model.name,
+        "scheduler_options": dict(exp.policy.options), "preemption": exp.policy.preemption.model_dump(),
+        "num_instances": exp.cluster.num_instances, "router": exp.cluster.router,
         "num_gpu_blocks": dep.num_gpu_blocks, "block_size": exp.engine.block_size,
         "num_gpu_blocks_source": "config" if dep.kv_capacity is None else "derived",
         "max_num_batched_tokens": dep.scheduler_config.max_num_batched_tokens,
@@ -142,7 +179,8 @@ def markdown(summary: dict, figures: list[tuple[str, str]]) -> str:
              f"{d['model']} on {d['gpu']} × TP{d['tensor_parallel_size']}, scheduler `{d['scheduler']}` "
              f"({d['queue']}), cost model `{d['cost_model']}`, {d['num_gpu_blocks']} KV blocks of {d['block_size']} "
              f"tokens ({d['num_gpu_blocks_source']}), max_num_batched_tokens {d['max_num_batched_tokens']}, "
-             f"max_num_seqs {d['max_num_seqs']}.", "",
+             f"max_num_seqs {d['max_num_seqs']}; preemption {d['preemption']['mode']} "
+             f"(victim {d['preemption']['victim']}); {d['num_instances']} instance(s), router `{d['router']}`.", "",
              "| requests | finished | rejected | unfinished | duration (s) | req/s | output tok/s | total tok/s | preemptions |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
              f"| {summary['num_requests']} | {summary['num_finished']} | {summary['num_rejected']} | "
@@ -161,6 +199,18 @@ def markdown(summary: dict, figures: list[tuple[str, str]]) -> str:
         lines += ["", f"Engine: {eng['num_steps']} steps, mean batch {eng['mean_batch_size']:.1f} requests / "
                       f"{eng['mean_scheduled_tokens']:.0f} tokens, peak KV usage {eng['peak_kv_usage'] * 100:.1f} %, "
                       f"peak running {eng['peak_running']}, peak waiting {eng['peak_waiting']}."]
+    inst = summary.get("instances") or []
+    if len(inst) > 1:
+        lines += ["", f"Per instance (router `{d.get('router')}`; latencies in ms):", "",
+                  "| instance | requests | finished | TTFT mean | TTFT p99 | TPOT mean | TPOT p99 | E2EL mean | E2EL p99 "
+                  "| output tok/s | preemptions | prefix-hit tokens | busy % |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for row in inst:
+            lines.append(f"| {row['instance']} | {row['num_requests']} | {row['num_finished']} | "
+                         + " | ".join(_ms(row[k]) for k in ("ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99",
+                                                              "e2el_mean", "e2el_p99"))
+                         + f" | {row['output_token_throughput']:.0f} | {row['num_preemptions']} | "
+                           f"{row['prefix_hit_tokens']} | {row['busy_fraction'] * 100:.1f} |")
     sim = summary["simulation"]
     lines += ["", f"Simulated {sim['sim_end_s']:.1f} s in {sim['wall_time_s']:.2f} s wall time (seed {sim['seed']}).", ""]
     for title, fname in figures:

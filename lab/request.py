@@ -41,6 +41,7 @@ class Request:
         output_token_ids: optional token ids of the output (so a resumed request can hit its own output blocks).
         hash_ids: optional per-block content ids of the prompt, as in the Mooncake trace.
         hash_block_size: tokens covered by one entry of ``hash_ids`` (Mooncake: 512).
+        session_id: optional conversation / user id (session-affinity routing).
 
     Raises:
         ValueError: if a length is not positive or ``hash_block_size`` is not positive.
@@ -49,10 +50,11 @@ class Request:
     __slots__ = (
         "index", "request_id", "arrival_time", "prompt_len", "max_tokens", "priority",
         "prompt_token_ids", "output_token_ids", "hash_ids", "hash_block_size",
-        "status", "num_computed_tokens", "num_output_tokens", "num_output_placeholders", "num_preemptions",
+        "status", "num_computed_tokens", "num_output_tokens", "num_output_placeholders", "inflight_tokens", "num_preemptions",
         "blocks", "num_cached_blocks", "block_hashes", "prev_blocks",
         "first_scheduled_time", "first_token_time", "last_token_time", "finish_time",
         "prefix_hit_tokens", "prefix_hit_recorded", "reason", "instance_id", "events",
+        "swapped_tokens", "session_id", "num_swaps",
     )
 
     def __init__(
@@ -67,6 +69,7 @@ class Request:
         output_token_ids: Sequence[int] | None = None,
         hash_ids: Sequence[int] | None = None,
         hash_block_size: int = 512,
+        session_id: str | None = None,
     ) -> None:
         if prompt_tokens < 1:
             raise ValueError(f"request {index}: prompt_tokens must be >= 1, got {prompt_tokens}")
@@ -89,6 +92,8 @@ class Request:
         self.num_output_tokens = 0
         # vLLM's num_output_placeholders (P): tokens that steps still in flight will sample (async scheduling).
         self.num_output_placeholders = 0
+        # tokens scheduled in steps that have not finished yet (0 between steps under sync scheduling)
+        self.inflight_tokens = 0
         self.num_preemptions = 0
         self.blocks: list = []
         self.num_cached_blocks = 0
@@ -102,8 +107,13 @@ class Request:
         self.prefix_hit_recorded = False
         self.reason = ""
         self.instance_id = 0
-        # (time, event) pairs: "scheduled", "preempted", "resumed", "first_token", "finished", "rejected".
-        self.events: list[tuple[float, str]] | None = None
+        # (time, event) or (time, event, detail) tuples: "arrived", "scheduled", "preempted", "resumed",
+        # "first_token", "finished", "rejected"; the detail says why (preemption cause, swap or recompute).
+        self.events: list[tuple] | None = None
+        # Tokens of KV held in CPU memory while swapped out (0 = none); swap-outs so far.
+        self.swapped_tokens = 0
+        self.num_swaps = 0
+        self.session_id = session_id
 
     @property
     def num_tokens(self) -> int:
@@ -162,10 +172,10 @@ class Request:
             hashes.append(parent)
         return hashes
 
-    def record(self, time: float, event: str) -> None:
-        """Append a lifecycle event when event recording is on (``events`` is a list)."""
+    def record(self, time: float, event: str, detail: str = "") -> None:
+        """Append a lifecycle event when event recording is on (``events`` is a list); ``detail`` says why."""
         if self.events is not None:
-            self.events.append((time, event))
+            self.events.append((time, event, detail) if detail else (time, event))
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id}, t={self.arrival_time:.3f}, prompt={self.prompt_len}, "

@@ -34,6 +34,14 @@ class SchedulerConfig:
         watermark: fraction of blocks kept free when admitting waiting requests while something runs.
         queue_policy: "fcfs" or "priority".
         num_lookahead_tokens: extra KV slots per request (speculative decoding drafts).
+        preemption_mode: what :meth:`EngineView.preempt` does: "recompute" (free the blocks, C = 0) or "swap"
+            (copy the KV to CPU memory over PCIe, keep C, copy it back when the request is admitted again).
+        preemption_victim: which running request a scheduler preempts when KV runs out: "auto" (the policy's
+            own rule), "last" (last admitted), "lowest_priority", "most_kv" or "least_progress" (see
+            policies/common.py ``pick_victim``).
+        preemption_requeue: where a preempted request goes back in the waiting queue: "auto" (the policy's
+            own choice; the engine's default is the head), "head" or "tail" (a priority queue orders it by
+            priority either way).
     """
 
     max_num_batched_tokens: int = 8192
@@ -46,6 +54,9 @@ class SchedulerConfig:
     watermark: float = 0.0
     queue_policy: str = "fcfs"
     num_lookahead_tokens: int = 0
+    preemption_mode: str = "recompute"
+    preemption_victim: str = "auto"
+    preemption_requeue: str = "auto"
 
 
 @dataclass(slots=True)
@@ -80,12 +91,20 @@ class SchedulerOutput:
 
 
 class EngineView(Protocol):
-    """What an instance exposes to its scheduler."""
+    """What an instance exposes to its scheduler.
+
+    ``running`` is in admission order and is the engine's own list: schedulers read it and change it only
+    through :meth:`admit` and :meth:`preempt`. ``waiting`` is the waiting queue (FCFS deque, priority heap, or
+    the scheduler's own queue from an optional ``make_queue(config)`` method); a scheduler pops or removes the
+    request it admits. ``kv`` is the KV cache manager (``get_computed_blocks``, ``allocate_slots``,
+    ``num_free_blocks``, ``block_size``).
+    """
 
     config: SchedulerConfig
     running: list[Request]
     waiting: WaitingQueue
     kv: KVCacheManager
+    instance_id: int
 
     @property
     def now(self) -> float: ...
@@ -95,9 +114,15 @@ class EngineView(Protocol):
         the prefix cache; records prefix-hit statistics on its first scheduling."""
         ...
 
-    def preempt(self, request: Request) -> None:
-        """Recompute preemption: free the request's blocks (they keep their hashes), set C = 0, count it, and put
-        it back in the waiting queue (FCFS: at the head)."""
+    def preempt(self, request: Request, reason: str = "", requeue: str | None = None) -> None:
+        """Preempt a running request by ``config.preemption_mode`` and put it back in the waiting queue.
+
+        Recompute: free its blocks (they keep their hashes, so a later prefix hit is possible) and set C = 0.
+        Swap: copy its KV to CPU memory (PCIe time added to this step), free its blocks and keep C; admitting it
+        again copies the KV back (PCIe time again). Falls back to recompute when the CPU swap space is full.
+        ``reason`` is written to the request's event log. The request goes back at the head of the waiting
+        queue, or at the tail when ``config.preemption_requeue`` is "tail" — or, when that is "auto", when the
+        scheduler passes ``requeue="tail"`` (its own rule, e.g. SGLang appends retracted requests)."""
         ...
 
 

@@ -167,7 +167,9 @@ def build_deployment(exp: Experiment) -> Deployment:
         enable_chunked_prefill=e.enable_chunked_prefill, long_prefill_token_threshold=e.long_prefill_token_threshold,
         threshold_only_when_contended=ver["threshold_only_when_contended"],
         scheduler_reserve_full_isl=pick("scheduler_reserve_full_isl"),
-        watermark=e.watermark, queue_policy=exp.policy.queue)
+        watermark=e.watermark, queue_policy=exp.policy.queue,
+        preemption_mode=exp.policy.preemption.mode, preemption_victim=exp.policy.preemption.victim,
+        preemption_requeue=exp.policy.preemption.requeue)
     cost = build_cost_model(exp, model, hw)
     sizes: tuple[int, ...] = ()
     if e.cudagraph:
@@ -231,15 +233,19 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         kv = KVCacheManager(dep.num_gpu_blocks, e.block_size, dep.scheduler_config.max_model_len,
                             enable_prefix_caching=e.enable_prefix_caching,
                             prepend_unhashed=dep.prepend_unhashed)
-        scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir)
+        scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir, exp.policy.options, exp.seed)
         inst = Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
                         record_events=record_events, options=options)
+        if exp.policy.preemption.mode == "swap":  # KV bytes cross the host link both ways
+            kv_dtype = exp.model.dtype if exp.model.kv_cache_dtype == "auto" else exp.model.kv_cache_dtype
+            inst.configure_swap(dep.model.kv_bytes_per_token(kv_dtype, exp.hardware.tensor_parallel_size),
+                                dep.hardware.pcie_bandwidth, exp.policy.preemption.swap_space_gb * 2**30)
         if spill_dir:
             inst.steps = StepLog(os.path.join(spill_dir, f"steps_{i}.parquet"))
         inst.stop_time = horizon if horizon else float("inf")
         inst.jumping = jumping
         instances.append(inst)
-    router = make_router(exp.cluster.router)
+    router = make_router(exp.cluster.router, exp.base_dir, exp.cluster.router_options, exp.seed)
     nxt = [0.0]
     n_inst = len(instances)
     if n_inst == 1:

@@ -1,32 +1,54 @@
-"""Scheduling policies and their registry.
+"""Scheduling policies, routers and their registry (docs/policies.md is the plug-in contract).
 
-A policy is a class with a ``schedule(engine) -> SchedulerOutput`` method (see lab/sched_api.py). Built-in policies
-are registered by name below; a user's own policy is loaded from a file with ``path/to/file.py:ClassName``.
+A scheduler is a class with ``schedule(engine) -> SchedulerOutput`` (see lab/sched_api.py); a router is a class
+with ``route(request, instances, now) -> int``. Either may declare its options as a nested pydantic model
+``Options`` (validated from ``policy.options`` / ``cluster.router_options``; unknown keys are errors) and then
+takes the validated options as its one constructor argument; an ``Options`` field named ``seed`` left unset gets
+the experiment's seed. Built-ins are registered by name below; a user's own class is loaded from a file with
+``path/to/file.py:ClassName`` (relative to the experiment file).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
 
 from lab.sched_api import Router, Scheduler
-from policies.routers import RoundRobinRouter
+from policies.orca import OrcaScheduler
+from policies.routers import (LeastRequestsRouter, LeastTokensRouter, PowerOfTwoRouter, PrefixAwareRouter,
+                              RoundRobinRouter, SessionAffinityRouter)
+from policies.sarathi import SarathiScheduler
+from policies.sglang import SGLangScheduler
+from policies.sjf import SJFScheduler
+from policies.static_batching import StaticBatchingScheduler
 from policies.vllm_v1 import VLLMV1Scheduler
 
-_REGISTRY: dict[str, Callable[[], Scheduler]] = {
+_REGISTRY: dict[str, type] = {
     "vllm_v1": VLLMV1Scheduler,
+    "sarathi": SarathiScheduler,
+    "orca": OrcaScheduler,
+    "static": StaticBatchingScheduler,
+    "sglang": SGLangScheduler,
+    "sjf": SJFScheduler,
 }
 
-
-_ROUTERS: dict[str, Callable[[], Router]] = {
+_ROUTERS: dict[str, type] = {
     "round_robin": RoundRobinRouter,
+    "least_requests": LeastRequestsRouter,
+    "least_tokens": LeastTokensRouter,
+    "power_of_two": PowerOfTwoRouter,
+    "prefix_aware": PrefixAwareRouter,
+    "session_affinity": SessionAffinityRouter,
 }
 
 
 class PolicyError(ValueError):
-    """An unknown policy name, or a user policy file that cannot be loaded."""
+    """An unknown policy name, a user policy file that cannot be loaded, or bad policy options."""
 
 
 def scheduler_names() -> list[str]:
@@ -37,66 +59,161 @@ def router_names() -> list[str]:
     return sorted(_ROUTERS)
 
 
+def _first_line(cls: type) -> str:
+    return (inspect.getdoc(cls) or "").splitlines()[0] if inspect.getdoc(cls) else ""
+
+
 def describe() -> dict[str, str]:
-    """Name -> first line of the scheduler's docstring."""
-    return {n: (inspect.getdoc(c) or "").splitlines()[0] for n, c in sorted(_REGISTRY.items())}
+    """Scheduler name -> first line of its docstring."""
+    return {n: _first_line(c) for n, c in sorted(_REGISTRY.items())}
 
 
 def describe_routers() -> dict[str, str]:
-    """Name -> first line of the router's docstring."""
-    return {n: (inspect.getdoc(c) or "").splitlines()[0] for n, c in sorted(_ROUTERS.items())}
+    """Router name -> first line of its docstring."""
+    return {n: _first_line(c) for n, c in sorted(_ROUTERS.items())}
 
 
-def make_router(name: str) -> Router:
-    """Build a router by registry name.
-
-    Raises:
-        PolicyError: unknown name.
-    """
-    factory = _ROUTERS.get(name)
-    if factory is None:
-        raise PolicyError(f"cluster.router: unknown router {name!r}; known: {', '.join(router_names())}")
-    return factory()
+def options_of(cls: type) -> dict[str, tuple[Any, str]]:
+    """A policy class's options: name -> (default, description); empty when it takes none."""
+    model = getattr(cls, "Options", None)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return {}
+    return {n: (f.get_default(call_default_factory=True), f.description or "") for n, f in model.model_fields.items()}
 
 
-def register(name: str, factory: Callable[[], Scheduler]) -> None:
-    """Add a scheduler factory under ``name`` (overrides an existing entry)."""
+def scheduler_class(name: str) -> type:
+    """The registered scheduler class (KeyError if unknown)."""
+    return _REGISTRY[name]
+
+
+def router_class(name: str) -> type:
+    """The registered router class (KeyError if unknown)."""
+    return _ROUTERS[name]
+
+
+def register(name: str, factory: type) -> None:
+    """Add a scheduler class under ``name`` (overrides an existing entry)."""
     _REGISTRY[name] = factory
 
 
-def make_scheduler(spec: str, base_dir: Path | None = None) -> Scheduler:
-    """Build a scheduler from a registry name or ``path/to/file.py:ClassName``.
+def register_router(name: str, factory: type) -> None:
+    """Add a router class under ``name`` (overrides an existing entry)."""
+    _ROUTERS[name] = factory
+
+
+_MODULES: dict[tuple[str, float], object] = {}
+
+
+def _load_user_class(spec: str, base_dir: Path | None, field: str) -> type:
+    """Import ``path/to/file.py:ClassName`` (relative to ``base_dir``), cached by path and mtime."""
+    file, cls_name = spec.rsplit(":", 1)
+    path = Path(file)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if not path.is_file():
+        raise PolicyError(f"{field}: file {path} does not exist")
+    key = (str(path.resolve()), path.stat().st_mtime)
+    module = _MODULES.get(key)
+    if module is None:
+        mod_name = f"servelab_user_policy_{abs(hash(key[0]))}"
+        spec_ = importlib.util.spec_from_file_location(mod_name, path)
+        if spec_ is None or spec_.loader is None:
+            raise PolicyError(f"{field}: {path} cannot be imported as a Python module")
+        module = importlib.util.module_from_spec(spec_)
+        sys.modules[mod_name] = module  # dataclasses / pydantic models in the file resolve their module
+        try:
+            spec_.loader.exec_module(module)
+        except Exception as e:  # a user's file may raise anything at import
+            sys.modules.pop(mod_name, None)
+            raise PolicyError(f"{field}: importing {path} failed: {type(e).__name__}: {e}") from e
+        _MODULES[key] = module
+    cls = getattr(module, cls_name, None)
+    if cls is None:
+        found = sorted(n for n, v in vars(module).items() if inspect.isclass(v) and v.__module__ == module.__name__)
+        raise PolicyError(f"{field}: {path} has no class {cls_name!r} (classes defined there: "
+                          f"{', '.join(found) or 'none'})")
+    if not inspect.isclass(cls):
+        raise PolicyError(f"{field}: {path}:{cls_name} is not a class")
+    return cls
+
+
+def _is_path_spec(spec: str) -> bool:
+    return ":" in spec and spec.rsplit(":", 1)[0].endswith(".py")
+
+
+def _instantiate(cls: type, spec: str, options: dict | None, seed: int | None, field: str, opt_field: str,
+                 method: str) -> Any:
+    model = getattr(cls, "Options", None)
+    options = dict(options or {})
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        unknown = sorted(set(options) - set(model.model_fields))
+        if unknown:
+            raise PolicyError(f"{opt_field}: unknown option(s) {', '.join(map(repr, unknown))} for {spec!r}; "
+                              f"known: {', '.join(model.model_fields) or 'none'}")
+        if "seed" in model.model_fields and options.get("seed") is None and seed is not None:
+            options["seed"] = seed
+        try:
+            opts = model.model_validate(options)
+        except ValidationError as e:
+            lines = [f"{opt_field}.{'.'.join(str(x) for x in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
+                     for err in e.errors()]
+            raise PolicyError("; ".join(lines)) from None
+        args: tuple = (opts,)
+    else:
+        if options:
+            raise PolicyError(f"{opt_field}: {spec!r} takes no options (got {', '.join(map(repr, options))})")
+        args = ()
+    try:
+        obj = cls(*args)
+    except PolicyError:
+        raise
+    except Exception as e:
+        raise PolicyError(f"{field}: {spec}() failed: {type(e).__name__}: {e}") from e
+    if not callable(getattr(obj, method, None)):
+        raise PolicyError(f"{field}: {spec} has no {method}(...) method")
+    return obj
+
+
+def make_scheduler(spec: str, base_dir: Path | None = None, options: dict | None = None,
+                   seed: int | None = 0) -> Scheduler:
+    """Build a scheduler from a registry name or ``path/to/file.py:ClassName``, with validated options.
 
     Raises:
-        PolicyError: unknown name, missing file or class, a class without ``schedule``, or an import error (the
-            message names the file).
+        PolicyError: unknown name, missing file or class, an import error (the message names the file), a class
+            without ``schedule``, unknown or invalid options.
     """
-    if ":" in spec and spec.split(":", 1)[0].endswith(".py"):
-        file, cls_name = spec.rsplit(":", 1)
-        path = Path(file)
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        if not path.is_file():
-            raise PolicyError(f"policy.scheduler: file {path} does not exist")
-        mod_name = f"servelab_user_policy_{abs(hash(str(path.resolve())))}"
-        spec_ = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(spec_)  # type: ignore[arg-type]
-        try:
-            spec_.loader.exec_module(module)  # type: ignore[union-attr]
-        except Exception as e:  # a user's file may raise anything at import
-            raise PolicyError(f"policy.scheduler: importing {path} failed: {type(e).__name__}: {e}") from e
-        cls = getattr(module, cls_name, None)
+    if _is_path_spec(spec):
+        cls = _load_user_class(spec, base_dir, "policy.scheduler")
+    else:
+        cls = _REGISTRY.get(spec)
         if cls is None:
-            raise PolicyError(f"policy.scheduler: {path} has no class {cls_name!r}")
-        try:
-            obj = cls()
-        except Exception as e:
-            raise PolicyError(f"policy.scheduler: {path}:{cls_name}() failed: {type(e).__name__}: {e}") from e
-        if not callable(getattr(obj, "schedule", None)):
-            raise PolicyError(f"policy.scheduler: {path}:{cls_name} has no schedule(engine) method")
-        return obj
-    factory = _REGISTRY.get(spec)
-    if factory is None:
-        raise PolicyError(f"policy.scheduler: unknown scheduler {spec!r}; known: {', '.join(scheduler_names())} "
-                          "(or path/to/file.py:ClassName)")
-    return factory()
+            raise PolicyError(f"policy.scheduler: unknown scheduler {spec!r}; known: {', '.join(scheduler_names())} "
+                              "(or path/to/file.py:ClassName)")
+    return _instantiate(cls, spec, options, seed, "policy.scheduler", "policy.options", "schedule")
+
+
+def make_router(spec: str, base_dir: Path | None = None, options: dict | None = None,
+                seed: int | None = 0) -> Router:
+    """Build a router from a registry name or ``path/to/file.py:ClassName``, with validated options.
+
+    Raises:
+        PolicyError: as :func:`make_scheduler`, for ``cluster.router`` / ``cluster.router_options``.
+    """
+    if _is_path_spec(spec):
+        cls = _load_user_class(spec, base_dir, "cluster.router")
+    else:
+        cls = _ROUTERS.get(spec)
+        if cls is None:
+            raise PolicyError(f"cluster.router: unknown router {spec!r}; known: {', '.join(router_names())} "
+                              "(or path/to/file.py:ClassName)")
+    return _instantiate(cls, spec, options, seed, "cluster.router", "cluster.router_options", "route")
+
+
+def check_scheduler(spec: str, base_dir: Path | None = None, options: dict | None = None) -> None:
+    """Raise :class:`PolicyError` if :func:`make_scheduler` would fail."""
+    make_scheduler(spec, base_dir, options)
+
+
+def check_router(spec: str, base_dir: Path | None = None, options: dict | None = None) -> None:
+    """Raise :class:`PolicyError` if :func:`make_router` would fail."""
+    make_router(spec, base_dir, options)

@@ -1,6 +1,7 @@
 """The decode fast-forward gives exactly the results of step-by-step simulation (per request, per step, ITL)."""
 
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +21,9 @@ class LeastRunningRouter:
         return min(range(len(instances)), key=lambda i: (len(instances[i].running) + len(instances[i].waiting), i))
 
 
-policies._ROUTERS["test_least_running"] = LeastRunningRouter
+@pytest.fixture(autouse=True)
+def _test_router(monkeypatch):
+    monkeypatch.setitem(policies._ROUTERS, "test_least_running", LeastRunningRouter)
 
 
 def experiment(ff: bool, **over) -> object:
@@ -31,7 +34,8 @@ def experiment(ff: bool, **over) -> object:
            "enable_chunked_prefill": over.pop("chunked", True)}
     if "cpu" in over:
         eng["cpu_overhead"] = {"base_s": over.pop("cpu"), "per_seq_s": 1e-5}
-    data = {"name": "ff", "engine": eng, "model": {"name": "Llama-3.1-8B"}, "hardware": {"gpu": "H100-SXM5-80GB"},
+    policy = {"preemption": {"mode": over.pop("preemption", "recompute")}}
+    data = {"name": "ff", "engine": eng, "policy": policy, "model": {"name": "Llama-3.1-8B"}, "hardware": {"gpu": "H100-SXM5-80GB"},
             "cluster": {"num_instances": over.pop("instances", 1), "router": over.pop("router", "round_robin")},
             "simulation": {"fast_forward": ff, "progress": False, "horizon_s": over.pop("horizon", None)}}
     assert not over, over
@@ -74,9 +78,10 @@ request_spec = st.lists(
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=request_spec, version=st.sampled_from(["0.33", "0.11"]), blocks=st.sampled_from([60, 120, 400]),
        seqs=st.sampled_from([2, 6, 16]), caching=st.booleans(), cudagraph=st.booleans(),
-       cpu=st.sampled_from([0.0, 0.002, 0.03]))
-def test_fast_forward_equals_step_by_step(spec, version, blocks, seqs, caching, cudagraph, cpu):
-    assert_same(spec, version=version, blocks=blocks, seqs=seqs, caching=caching, cudagraph=cudagraph, cpu=cpu)
+       cpu=st.sampled_from([0.0, 0.002, 0.03]), preemption=st.sampled_from(["recompute", "swap"]))
+def test_fast_forward_equals_step_by_step(spec, version, blocks, seqs, caching, cudagraph, cpu, preemption):
+    assert_same(spec, version=version, blocks=blocks, seqs=seqs, caching=caching, cudagraph=cudagraph, cpu=cpu,
+                preemption=preemption)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -102,7 +102,7 @@ def test_preemption_picks_the_last_running_request_and_requeues_it_at_the_head()
     assert cost.shapes[1].num_seqs == 2
     env.run()
     assert all(r.status == RequestStatus.FINISHED for r in (a, b, c, d))
-    ev = [e for _, e in c.events]
+    ev = [e[1] for e in c.events]
     assert ev[:4] == ["arrived", "scheduled", "first_token", "preempted"] and "resumed" in ev
 
 

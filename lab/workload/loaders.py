@@ -6,7 +6,8 @@ Formats (see shared/data/traces/PROVENANCE.md and shared/data/validation/llmserv
 - Mooncake JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids`` (512-token prefix blocks).
 - LLMServingSim workload JSONL (optionally .gz): ``input_toks``, ``output_toks``, ``arrival_time_ns``,
   ``input_tok_ids``, ``output_tok_ids``.
-- Plain CSV: ``arrival_time_s``, ``prompt_tokens``, ``output_tokens`` and optional ``priority``, ``request_id``.
+- Plain CSV: ``arrival_time_s``, ``prompt_tokens``, ``output_tokens`` and optional ``priority``, ``request_id``,
+  ``session_id``.
 
 Every loader checks its columns and values and raises :class:`WorkloadError` naming the file, the row and what was
 expected.
@@ -141,7 +142,8 @@ def load_llmservingsim(path: str | Path) -> list[Request]:
 
 
 def load_csv(path: str | Path) -> list[Request]:
-    """Plain CSV: ``arrival_time_s, prompt_tokens, output_tokens`` (+ optional ``priority``, ``request_id``)."""
+    """Plain CSV: ``arrival_time_s, prompt_tokens, output_tokens`` (+ optional ``priority``, ``request_id``,
+    ``session_id`` for session-affinity routing)."""
     path = Path(path)
     _need_file(path)
     df = pd.read_csv(path)
@@ -156,9 +158,11 @@ def load_csv(path: str | Path) -> list[Request]:
     _check_lengths(path, prompt, output, first_row=2)
     prio = df["priority"].to_numpy() if "priority" in df.columns else np.zeros(len(df), dtype=int)
     ids = df["request_id"].astype(str).to_numpy() if "request_id" in df.columns else None
+    sessions = df["session_id"].astype(str).to_numpy() if "session_id" in df.columns else None
     order = np.argsort(t, kind="stable")
     return [Request(k, float(t[i]), int(prompt[i]), int(output[i]), priority=int(prio[i]),
-                    request_id=str(ids[i]) if ids is not None else str(i))
+                    request_id=str(ids[i]) if ids is not None else str(i),
+                    session_id=str(sessions[i]) if sessions is not None else None)
             for k, i in enumerate(order)]
 
 

@@ -1,0 +1,104 @@
+"""Building blocks every scheduler shares: prefix lookup, victim selection and allocate-or-preempt.
+
+These are helpers on top of the :class:`lab.sched_api.EngineView` mechanisms; a user's policy may import them.
+
+Victim rules (``policy.preemption.victim``), applied to the running list (admission order):
+
+- ``last``: the last admitted request (vLLM V1 FCFS, vLLM V0, Sarathi-Serve: ``running.pop(-1)``).
+- ``lowest_priority``: the largest ``(priority, arrival_time)`` (vLLM V1 priority policy).
+- ``most_kv``: the request holding the most KV blocks (frees the most memory with one preemption); ties go to
+  the later admitted.
+- ``least_progress``: the request with the fewest generated tokens, then the longest prompt (least work lost
+  when it recomputes; SGLang's retraction order); ties go to the later admitted.
+- ``auto``: the policy's own rule (``last`` under FCFS, ``lowest_priority`` under the priority queue for the
+  vLLM-style schedulers; SGLang's retraction order for ``sglang``).
+"""
+
+from __future__ import annotations
+
+from lab.kv_cache import Block
+from lab.request import Request, RequestStatus
+from lab.sched_api import EngineView, SchedulerOutput
+
+VICTIM_RULES = ("last", "lowest_priority", "most_kv", "least_progress")
+
+
+def lookup(engine: EngineView, request: Request) -> tuple[list[Block], int]:
+    """Prefix-cache hits for a waiting request: ``(hit blocks, computed tokens)``.
+
+    A request that already holds computed state (swapped out: its KV comes back from CPU memory) reports its
+    own ``num_computed_tokens`` and no hit blocks.
+    """
+    if request.num_computed_tokens:
+        return [], request.num_computed_tokens
+    return engine.kv.get_computed_blocks(request)
+
+
+def allocate_waiting(engine: EngineView, request: Request, num_new_tokens: int, hits: list[Block],
+                     num_computed: int, **kwargs) -> bool:
+    """``kv.allocate_slots`` for a waiting request with the result of :func:`lookup` (prefix-hit blocks, or the
+    computed state of a swapped-out request); ``kwargs`` go to ``allocate_slots`` (lookahead, watermark, ...).
+
+    Returns:
+        True if its slots were allocated (then ``engine.admit(request, num_computed)``).
+    """
+    return engine.kv.allocate_slots(request, num_new_tokens, hits,
+                                    0 if request.num_computed_tokens else num_computed, **kwargs)
+
+
+def resolve_victim_rule(engine: EngineView) -> str:
+    """The configured victim rule, with ``auto`` mapped to vLLM's (``last`` / ``lowest_priority``)."""
+    rule = engine.config.preemption_victim
+    if rule == "auto":
+        return "lowest_priority" if engine.config.queue_policy == "priority" else "last"
+    return rule
+
+
+def pick_victim(running: list[Request], rule: str) -> Request:
+    """The running request ``rule`` preempts first (see the module docstring).
+
+    Raises:
+        ValueError: an unknown rule, or an empty running list.
+    """
+    if not running:
+        raise ValueError("pick_victim: nothing is running")
+    if rule == "last":
+        return running[-1]
+    n = len(running)
+    if rule == "lowest_priority":
+        return max(running, key=lambda q: (q.priority, q.arrival_time))
+    if rule == "most_kv":
+        i = max(range(n), key=lambda k: (len(running[k].blocks), k))
+        return running[i]
+    if rule == "least_progress":
+        i = min(range(n), key=lambda k: (running[k].num_output_tokens, -running[k].prompt_len, -k))
+        return running[i]
+    raise ValueError(f"unknown victim rule {rule!r}; expected one of {', '.join(VICTIM_RULES)}")
+
+
+def allocate_or_preempt(engine: EngineView, out: SchedulerOutput, request: Request, num_new_tokens: int,
+                        rule: str, num_lookahead_tokens: int = 0) -> tuple[bool, int]:
+    """Allocate KV slots for a running request, preempting victims chosen by ``rule`` until it fits.
+
+    A victim already scheduled in ``out`` this step is un-scheduled and its tokens refunded. Every preemption
+    is appended to ``out.preempted`` and logged with the reason.
+
+    Returns:
+        (True if ``request`` got its slots — False if it was itself preempted —, tokens refunded to the budget).
+    """
+    kv = engine.kv
+    refunded = 0
+    while not kv.allocate_slots(request, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens):
+        victim = pick_victim(engine.running, rule)
+        refunded += out.remove(victim)
+        engine.preempt(victim, reason=f"KV cache full: request {request.request_id} needed slots for "
+                                      f"{num_new_tokens} token(s); victim rule {rule}")
+        out.preempted.append(victim)
+        if victim is request:
+            return False, refunded
+    return True, refunded
+
+
+def is_running(request: Request) -> bool:
+    """Still in the running list (not preempted or finished this step)."""
+    return request.status == RequestStatus.RUNNING

@@ -1,0 +1,350 @@
+"""SGLang's scheduler (sglang 0.5.x ``managers/scheduler.py`` ``get_next_batch_to_run`` /
+``get_new_batch_prefill`` / ``update_running_batch``, ``managers/schedule_policy.py`` ``SchedulePolicy`` and
+``PrefillAdder``, ``managers/schedule_batch.py`` ``retract_decode``), as shared/specs/vllm-v1-scheduling.md §8
+summarises it.
+
+- **Prefill first.** Each step first tries to build a prefill (extend) batch; if it gets one, the step runs it
+  alone and the running requests do not decode (``enable_mixed_chunk`` adds them to it); otherwise every running
+  request decodes one token.
+- **One chunked request at a time** (``chunked_req``). It continues first, with up to ``chunked_prefill_size``
+  tokens; a waiting request whose prompt does not fit the chunk left becomes the next chunked request.
+- **PrefillAdder admission.** Waiting requests are taken in policy order while ``max_num_seqs``,
+  ``max_prefill_tokens`` and the chunk allow, and while prompt + ``min(max_new_tokens, 4096)`` fits the KV left
+  after reserving ``min(max_new - generated, 4096) * new_token_ratio`` tokens for every running request. A
+  ``NO_TOKEN`` outcome marks the batch full: no prefill is tried again until a running request finishes or is
+  retracted (SGLang's ``batch_is_full``).
+- **new_token_ratio** starts at ``0.7 * schedule_conservativeness``, decays linearly to ``0.14 x`` that over 600
+  decode steps, returns to the start when the engine is idle, and after a retraction is set to
+  ``(Σ generated + 20 * n) / Σ max_new_tokens`` over the requests still running.
+- **Retraction.** When the next decode step's tokens do not fit the free KV, running requests are retracted
+  (recompute; the retracted request goes to the tail of the waiting queue and later re-hits its own cached
+  prefix) in SGLang's order — fewest generated tokens first, then longest prompt — until the free KV holds
+  ``20`` tokens per remaining request; at least one is retracted.
+- **Orders** (``schedule_policy``): ``fcfs``; ``lof`` (longest ``max_new_tokens`` first); ``lpm`` (longest prefix
+  match first) and ``dfs-weight`` (depth-first over the prefix tree, heavier subtrees first), both falling back
+  to FCFS when more than 128 requests wait (SGLang applies the cap to ``lpm`` only; here it also bounds
+  ``dfs-weight``'s per-step cost).
+
+Radix cache approximation: SGLang's token-granular radix tree is modelled by the engine's block-hash prefix cache
+(engine.block_size plays SGLang's ``page_size``): a prefix matches whole blocks, freed blocks stay cached and are
+evicted least recently used, a request's tail blocks first (as SGLang evicts leaves first). Retracted requests
+keep their generated tokens' blocks cached too (SGLang keeps only the prompt in the tree). The prefix tree of
+``dfs-weight`` is the tree of the waiting requests' matched block-hash chains.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Iterable, Iterator, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lab.queues import make_queue
+from lab.request import Request
+from lab.sched_api import EngineView, SchedulerConfig, SchedulerOutput
+from policies.common import is_running, lookup, pick_victim
+
+
+class LongestOutputFirstQueue:
+    """Waiting queue ordered by ``max_tokens`` descending (SGLang ``lof``), then priority when the priority
+    policy is on, then arrival; a requeued request is simply pushed again. Implements ``WaitingQueue``."""
+
+    def __init__(self, use_priority: bool = False) -> None:
+        self._h: list[tuple[tuple, Request]] = []
+        self.use_priority = use_priority
+
+    def _key(self, r: Request) -> tuple:
+        k = (-r.max_tokens, r.arrival_time, r.index)
+        return ((r.priority,) + k) if self.use_priority else k
+
+    def add(self, request: Request) -> None:
+        heapq.heappush(self._h, (self._key(request), request))
+
+    prepend = add
+
+    def prepend_all(self, requests: Iterable[Request]) -> None:
+        for r in requests:
+            self.add(r)
+
+    def peek(self) -> Request:
+        return self._h[0][1]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._h)[1]
+
+    def remove(self, request: Request) -> None:
+        self._h = [e for e in self._h if e[1] is not request]
+        heapq.heapify(self._h)
+
+    def __len__(self) -> int:
+        return len(self._h)
+
+    def __bool__(self) -> bool:
+        return bool(self._h)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter([e[1] for e in sorted(self._h, key=lambda e: e[0])])
+
+
+def dfs_weight_order(requests: list[Request], matched_blocks: list[int]) -> list[int]:
+    """SGLang's ``dfs-weight`` order of waiting requests (indices into ``requests``).
+
+    Each request's last matched node is the hash of its last cached prefix block (the root when nothing
+    matched); a node's weight is the number of waiting requests whose last node lies in its subtree. The order is
+    a depth-first walk from the root visiting children by descending weight (first seen first among equals) and
+    emitting a node's own requests after its children, as ``_get_dfs_priority`` does.
+    """
+    root = None
+    children: dict = {root: {}}
+    own: dict = {}
+    for i, (r, m) in enumerate(zip(requests, matched_blocks)):
+        parent = root
+        for h in r.block_hashes[:m]:
+            kids = children[parent]
+            if h not in kids:
+                kids[h] = None
+                children[h] = {}
+            parent = h
+        own.setdefault(parent, []).append(i)
+    weight: dict = {}
+    stack = [(root, False)]
+    while stack:  # post-order: subtree sums
+        node, done = stack.pop()
+        if done:
+            weight[node] = len(own.get(node, ())) + sum(weight[c] for c in children[node])
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children[node])
+    order: list[int] = []
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.extend(own.get(node, ()))
+            continue
+        stack.append((node, True))
+        kids = sorted(children[node], key=lambda c: -weight[c])  # stable: first seen first among equals
+        stack.extend((c, False) for c in reversed(kids))
+    return order
+
+
+class SGLangScheduler:
+    """SGLang: prefill-first steps, one chunked request, PrefillAdder with new_token_ratio, retraction."""
+
+    name = "sglang"
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        schedule_policy: Literal["fcfs", "lof", "lpm", "dfs-weight"] = Field("fcfs", description="waiting order")
+        chunked_prefill_size: int | None = Field(
+            None, description="tokens of one prefill chunk (None = engine.max_num_batched_tokens; -1 = no chunking)")
+        max_prefill_tokens: int = Field(16384, ge=1, description="prompt tokens of one prefill batch")
+        schedule_conservativeness: float = Field(1.0, gt=0, description="scales the initial new_token_ratio")
+        init_new_token_ratio: float = Field(0.7, gt=0, le=1, description="initial new_token_ratio (before scaling)")
+        min_new_token_ratio_factor: float = Field(0.14, gt=0, le=1, description="floor of the ratio, as a fraction of the initial one")
+        new_token_ratio_decay_steps: int = Field(600, ge=1, description="decode steps to decay from the initial ratio to its floor")
+        clip_max_new_tokens: int = Field(4096, ge=1, description="max_new_tokens clipped to this in the KV estimate")
+        retract_decode_steps: int = Field(20, ge=1, description="free tokens per remaining request a retraction secures")
+        enable_mixed_chunk: bool = Field(False, description="running requests decode in prefill steps too")
+        cache_aware_max_waiting: int = Field(128, ge=1, description="lpm / dfs-weight fall back to fcfs above this many waiting")
+
+    def __init__(self, options: "SGLangScheduler.Options | None" = None) -> None:
+        self.options = o = options or self.Options()
+        self.init_ratio = min(o.init_new_token_ratio * o.schedule_conservativeness, 1.0)
+        self.min_ratio = min(self.init_ratio * o.min_new_token_ratio_factor, 1.0)
+        self.decay = (self.init_ratio - self.min_ratio) / o.new_token_ratio_decay_steps
+        self.new_token_ratio = self.init_ratio
+        self.chunked_req: Request | None = None
+        self.batch_is_full = False
+        self._expected_bs = 0
+        self.num_retractions = 0
+
+    def make_queue(self, config: SchedulerConfig):
+        """``lof`` keeps its own heap; other orders use the engine's FCFS deque or priority heap."""
+        if self.options.schedule_policy == "lof":
+            return LongestOutputFirstQueue(config.queue_policy == "priority")
+        return make_queue(config.queue_policy)
+
+    # ---- one step ----
+    def schedule(self, engine: EngineView) -> SchedulerOutput:
+        running = engine.running
+        if not running:
+            self.new_token_ratio = self.init_ratio  # idle: back to the initial estimate
+        chunked = self.chunked_req
+        if chunked is not None and not is_running(chunked):
+            self.chunked_req = chunked = None
+        decoding = [r for r in running if r is not chunked]
+        if len(decoding) < self._expected_bs:
+            self.batch_is_full = False  # a request finished: the batch has room again
+        out = self._prefill(engine, decoding)
+        if not out.requests:
+            self._decode(engine, decoding, out)
+        if not out.requests and engine.running:
+            # Only the chunked request is left and even it cannot get a chunk: retract it (never expected).
+            r = engine.running[-1]
+            engine.preempt(r, reason="SGLang: no prefill or decode could be scheduled", requeue="tail")
+            out.preempted.append(r)
+            self.chunked_req = None
+        self._expected_bs = len(engine.running) - (self.chunked_req is not None and is_running(self.chunked_req))
+        return out
+
+    def _reserve(self, r: Request) -> int:
+        return min(r.max_tokens - r.num_output_tokens, self.options.clip_max_new_tokens)
+
+    def _candidates(self, engine: EngineView) -> Iterator[Request]:
+        """Waiting requests in policy order. The caller looks each one up again right before allocating (an
+        admission can evict blocks an earlier lookup found)."""
+        waiting = engine.waiting
+        policy = self.options.schedule_policy
+        if policy in ("lpm", "dfs-weight") and len(waiting) <= self.options.cache_aware_max_waiting:
+            reqs = list(waiting)
+            matches = [lookup(engine, r) for r in reqs]
+            if policy == "lpm":
+                order = sorted(range(len(reqs)), key=lambda i: -matches[i][1])
+            else:
+                order = dfs_weight_order(reqs, [len(m[0]) for m in matches])
+            for i in order:
+                yield reqs[i]
+            return
+        while waiting:  # fcfs / lof / priority: the queue's own order; the loop only resumes after an admission
+            yield waiting.peek()
+
+    def _prefill(self, engine: EngineView, decoding: list[Request]) -> SchedulerOutput:
+        o = self.options
+        cfg = engine.config
+        kv = engine.kv
+        waiting = engine.waiting
+        out = SchedulerOutput()
+        if self.chunked_req is None and (self.batch_is_full or not waiting):
+            return out
+        running_bs = len(decoding)
+        if running_bs >= cfg.max_num_seqs and self.chunked_req is None:
+            self.batch_is_full = True
+            return out
+        bs = kv.block_size
+        rem_total = kv.num_free_blocks * bs - self.new_token_ratio * sum(self._reserve(r) for r in decoding)
+        rem_input = o.max_prefill_tokens
+        chunk = o.chunked_prefill_size if o.chunked_prefill_size is not None else cfg.max_num_batched_tokens
+        rem_chunk: int | None = None if chunk == -1 else chunk
+        mixed = o.enable_mixed_chunk and bool(decoding)
+        if mixed:
+            rem_input -= running_bs
+            if rem_chunk is not None:
+                rem_chunk -= running_bs
+
+        r = self.chunked_req
+        if r is not None:  # the chunked request continues first
+            extend = r.num_tokens - r.num_computed_tokens
+            limit = int(rem_total) if rem_chunk is None else min(rem_chunk, int(rem_total))
+            n = extend if extend <= limit else limit // bs * bs
+            if n > 0 and kv.allocate_slots(r, n):
+                out.add(r, n)
+                truncated = n < extend
+                rem_total -= n + (0 if truncated else self._reserve(r))
+                rem_input -= n
+                if rem_chunk is not None:
+                    rem_chunk -= n
+                if not truncated:
+                    self.chunked_req = None
+
+        admitted = 0
+        if waiting and rem_input > 0 and (rem_chunk is None or rem_chunk > 0):
+            for r in self._candidates(engine):
+                if running_bs + admitted >= cfg.max_num_seqs:
+                    self.batch_is_full = True
+                    break
+                hits, num_hit = lookup(engine, r)
+                extend = r.num_tokens - num_hit
+                reserve = self._reserve(r)
+                if extend + reserve >= rem_total:
+                    self.batch_is_full = True  # NO_TOKEN
+                    break
+                if extend > rem_input and out.requests:
+                    break
+                if rem_chunk is None or extend <= rem_chunk:
+                    n, becomes_chunked = extend, False
+                else:
+                    n, becomes_chunked = rem_chunk // bs * bs, True
+                    if n <= 0 or self.chunked_req is not None:
+                        break
+                if not kv.allocate_slots(r, n, hits, num_hit if r.num_computed_tokens == 0 else 0):
+                    self.batch_is_full = True
+                    break
+                if waiting.peek() is r:
+                    waiting.pop()
+                else:
+                    waiting.remove(r)
+                engine.admit(r, num_hit)
+                out.add(r, n)
+                rem_total -= n + (0 if becomes_chunked else reserve)
+                rem_input -= n
+                if rem_chunk is not None:
+                    rem_chunk -= n
+                if becomes_chunked:
+                    self.chunked_req = r
+                    break
+                admitted += 1
+                if rem_total <= 0:
+                    self.batch_is_full = True
+                    break
+                if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+                    break
+
+        if mixed and out.requests:
+            need = sum(max(0, -(-(d.num_computed_tokens + 1) // bs) - len(d.blocks)) for d in decoding)
+            if need <= kv.num_free_blocks:
+                for d in decoding:
+                    if kv.allocate_slots(d, 1):
+                        out.add(d, 1)
+        return out
+
+    def _decode(self, engine: EngineView, decoding: list[Request], out: SchedulerOutput) -> None:
+        if not decoding:
+            return
+        kv = engine.kv
+        bs = kv.block_size
+        need = sum(max(0, -(-(r.num_computed_tokens + 1) // bs) - len(r.blocks)) for r in decoding)
+        if need > kv.num_free_blocks:
+            decoding = self._retract(engine, decoding, out)
+        else:
+            self.new_token_ratio = max(self.new_token_ratio - self.decay, self.min_ratio)
+        for r in decoding:
+            if not is_running(r):
+                continue
+            if not kv.allocate_slots(r, 1):
+                engine.preempt(r, reason="SGLang: decode out of KV after retraction", requeue="tail")
+                out.preempted.append(r)
+                continue
+            out.add(r, 1)
+
+    def _retract(self, engine: EngineView, decoding: list[Request], out: SchedulerOutput) -> list[Request]:
+        """``retract_decode``: retract until the free KV holds ``retract_decode_steps`` tokens per remaining
+        request (at least one retraction), then re-estimate ``new_token_ratio``."""
+        o = self.options
+        kv = engine.kv
+        rule = engine.config.preemption_victim
+        if rule == "auto":  # SGLang: sort by (generated, -prompt) descending and pop from the end
+            order = sorted(decoding, key=lambda r: (r.num_output_tokens, -r.prompt_len), reverse=True)
+        else:
+            order = list(decoding)
+        first = True
+        while first or kv.num_free_blocks * kv.block_size < o.retract_decode_steps * len(order):
+            if len(order) == 1:
+                break
+            first = False
+            victim = order.pop() if rule == "auto" else pick_victim(order, rule)
+            if rule != "auto":
+                order.remove(victim)
+            engine.preempt(victim, requeue="tail",
+                           reason=f"SGLang retraction: decode needs more KV than is free ({kv.num_free_blocks} "
+                                  f"blocks); {len(order)} requests keep running")
+            out.preempted.append(victim)
+            self.num_retractions += 1
+        total_decoded = sum(r.num_output_tokens for r in order)
+        total_max = sum(r.max_tokens for r in order)
+        if total_max:
+            self.new_token_ratio = min(1.0, (total_decoded + o.retract_decode_steps * len(order)) / total_max)
+        self.batch_is_full = False
+        # keep admission order for the decode batch
+        keep = {id(r) for r in order}
+        return [r for r in decoding if id(r) in keep]
