@@ -1,15 +1,19 @@
-"""Exact decode fast-forward: many identical decode steps advanced in one jump.
+"""Exact decode fast-forward: many decode steps advanced in one jump.
 
-A stretch qualifies when the last real schedule gave every running request exactly one token, admitted nobody and
-preempted nobody, and nothing arrived or finished since. Until the first request would finish, the first step whose
-block allocations exceed the free blocks (a preemption), or the horizon, every following step schedules the same
-batch again: contexts grow by one token per step, so the step shapes (and times) are known in advance, and the KV
-block operations (a new block when a context crosses a block boundary, registering a block's hash when it fills)
-happen in a known order. The jump replays exactly those block operations, in the same order as step-by-step
-simulation, and applies the per-request counters and the per-step records in bulk. An arrival during a jump
-materialises the completed steps at its time (so a router sees the same state as step by step) and the
-interrupted step continues normally. The result equals step-by-step simulation exactly (tests/test_fastforward.py
-checks it on random workloads); ``simulation.fast_forward: false`` turns it off.
+A stretch qualifies when every running request is decoding (one token per step), the waiting queue is empty or
+was shown blocked by the last real schedule, and nothing has arrived since. From then on each step schedules the
+running requests that still have tokens to generate: request i takes part in the next ``rem_i`` schedules and
+finishes at a known step, so the batch only shrinks, at known steps. Contexts grow by one token per step, so step
+shapes and times are known in advance, and the KV block operations happen in a known order: a new block when a
+context crosses a block boundary, a block's hash registered when it fills, a finished request's blocks freed
+(last first) before the next schedule. The jump replays exactly these operations in that order and applies the
+per-request counters and per-step records in bulk, so its results equal step-by-step simulation exactly
+(tests/test_fastforward.py checks it on random workloads, clusters and horizons).
+
+A jump stops before the first schedule whose new blocks could exceed the free blocks (a preemption; frees during
+the jump are not counted, which only makes this bound safe), at the horizon, and, when requests are waiting, right
+after the first completion (a freed slot or blocks may admit one). An arrival during a jump materialises the steps
+completed by then and the step under way continues normally. ``simulation.fast_forward: false`` turns it off.
 """
 
 from __future__ import annotations
@@ -19,26 +23,30 @@ from bisect import bisect_left
 import numpy as np
 
 from lab.costmodel.base import BatchShape
-from lab.request import Request, RequestStatus
+from lab.request import RequestStatus
 
 # Longest jump planned at once (bounds the planning work wasted when an arrival interrupts it).
 MAX_JUMP_STEPS = 4096
 
 
 class Plan:
-    """A planned stretch of identical decode steps.
+    """A planned stretch of decode steps.
 
-    ``k`` schedules are planned. Sync: schedule j executes in [now + cum[j-1], now + cum[j]). Async: the step
-    already in flight (``first``) executes first and schedule j runs after it, one step later; the last planned
-    schedule is left in flight when the jump ends.
+    Schedules j = 0..k-1 are planned; request i takes part in schedules j < rem[i]. Sync: schedule j executes as
+    step j, in [ends[j-1], ends[j]). Async: the step already in flight (``first``) executes as step 0 and schedule j
+    as step j+1, one step after it was scheduled; the last schedule is left in flight when the jump ends.
     """
 
-    __slots__ = ("reqs", "B", "C0", "O0", "P0", "k", "dts", "ends", "used", "events", "start", "first",
-                 "async_", "shape_base", "padded", "applied_sched", "applied_out", "num_waiting", "new_first")
+    __slots__ = ("reqs", "rem", "C0", "O0", "k", "dts", "ends", "events", "start", "first", "async_", "padded",
+                 "applied_sched", "applied_out", "num_waiting", "new_first", "used", "finish_at", "sizes",
+                 "fin_index", "_ev_pos", "_counts")
 
     def __init__(self) -> None:
         self.applied_sched = 0
         self.applied_out = 0
+        self.used: list[int] = []
+        self._ev_pos = 0
+        self._counts = None
 
 
 def steady_batch(inst) -> bool:
@@ -58,6 +66,10 @@ def steady_batch(inst) -> bool:
     return True
 
 
+def _participants(plan_reqs, rem, j):
+    return [r for r, m in zip(plan_reqs, rem) if m > j]
+
+
 def plan(inst, stop_time: float) -> Plan | None:
     """Plan a jump from now, or return None when fewer than two steps qualify."""
     env_now = inst.env.now
@@ -66,26 +78,23 @@ def plan(inst, stop_time: float) -> Plan | None:
     bs = kv.block_size
     async_ = inst.async_scheduling
     first = inst._inflight if async_ else None
-    B = len(running)
-    # A request about to finish ends any stretch: check that first, it is the common reason to stop.
-    need = 2 if async_ else 3
-    for r in running:
-        if r.max_tokens - r.num_output_tokens - r.num_output_placeholders < need:
+    if async_:
+        if first is None or first.reqs != running or not all(first.samples):
             return None
+    waiting = bool(inst.waiting)
+    caching = kv.enable_prefix_caching
     C0 = []
     O0 = []
-    caching = kv.enable_prefix_caching
-    rem_min = None
+    rem = []
     new_first = 0
     for r in running:
         c = r.num_computed_tokens
         o = r.num_output_tokens
         p = r.num_output_placeholders
-        ntok = r.prompt_len + o
         if async_:
-            if p != 1 or c != ntok:
+            if p != 1 or c != r.prompt_len + o:
                 return None
-        elif p != 0 or c != ntok - 1:
+        elif p or c != r.prompt_len + o - 1:
             return None
         if r.last_token_time != env_now:
             # async: a request whose last prompt chunk is in the step in flight gets its first token from it
@@ -96,95 +105,116 @@ def plan(inst, stop_time: float) -> Plan | None:
             return None
         if caching and r.num_cached_blocks != ((c - 1) // bs if async_ else c // bs):
             return None
-        rem = r.max_tokens - o - p
-        if rem_min is None or rem < rem_min:
-            rem_min = rem
         C0.append(c)
         O0.append(o)
-    if async_:
-        if first is None or first.reqs != running or len(first.samples) != B or not all(first.samples):
-            return None
-        k_bound = rem_min
-    else:
-        k_bound = rem_min - 1
-    k_bound = min(k_bound, MAX_JUMP_STEPS)
-    if k_bound < 2:
-        return None
-    # Step times of schedules 0..k-1 (contexts C0 + j), computed in growing chunks until they reach the next
-    # expected arrival (a jump is cut there anyway) or the horizon.
-    sum0 = sum(C0)
-    shape = BatchShape.decode_only(C0, 0, sum0, max(C0), min(C0))
-    sizes = inst.options.cudagraph_sizes
-    padded = sizes[bisect_left(sizes, B)] if sizes and B <= sizes[-1] else 0
-    shape.padded_tokens = padded
-    opt = inst.options
-    cpu = opt.cpu_base_s + opt.cpu_per_seq_s * B + opt.cpu_per_token_s * B
-    hint = inst.arrival_hint()
-    kk = min(k_bound, 32)
-    while True:
-        dts = decode_step_times(inst.cost_model, shape, kk)
-        if cpu:
-            dts = np.maximum(dts, cpu) if async_ else dts + cpu
-        # End times added one step at a time, as the event loop adds them (cumsum is sequential).
-        if async_:
-            ends = np.cumsum(np.concatenate(([env_now, first.dt], dts[:kk - 1])))[1:]  # in flight, sched 0..kk-2
-        else:
-            ends = np.cumsum(np.concatenate(([env_now], dts)))[1:]
-        if kk == k_bound or ends[-1] >= hint or ends[-1] >= stop_time:
-            break
-        kk = min(k_bound, kk * 4)
-    # Every executed step must end strictly before the horizon; the step during which the next arrival is expected
-    # is the last one worth planning.
-    k = min(kk, int(np.searchsorted(ends, stop_time, side="left")), int(np.searchsorted(ends, hint, side="left")) + 1)
+        rem.append(r.max_tokens - o - p)
+    # Request i finishes at the output of step f_i: sync rem-1, async rem (step 0 is the one in flight).
+    fin = [m if async_ else m - 1 for m in rem]
+    # k schedules: no schedule without participants; with requests waiting, stop right after the first completion
+    # (the next schedule may admit one).
+    k = max(rem)
+    if waiting:
+        k = min(k, min(fin) + 1)
+    k = min(k, MAX_JUMP_STEPS)
     if k < 2:
         return None
-    # KV: the first schedule whose allocations exceed the free blocks would preempt, so the jump stops before it.
+    # Step times, segment by segment (the batch changes only when a request has taken its last schedule),
+    # computed until they reach the next expected arrival or the horizon.
+    opt = inst.options
+    sizes = opt.cudagraph_sizes
+    cost = inst.cost_model
+    hint = inst.arrival_hint()
+    bounds = sorted({m for m in rem if 0 < m < k} | {k})
+    dts_parts = []
+    last_end = env_now
+    ends_parts = []
+    if async_:
+        last_end = env_now + first.dt
+        ends_parts.append(np.array([last_end]))
+    j0 = 0
+    computed = 0
+    for jb in bounds:
+        if jb <= j0:
+            continue
+        part = [i for i, m in enumerate(rem) if m > j0]
+        ctx = [C0[i] + j0 for i in part]
+        B = len(ctx)
+        shape = BatchShape.decode_only(ctx, 0, sum(ctx), max(ctx), min(ctx))
+        shape.padded_tokens = sizes[bisect_left(sizes, B)] if sizes and B <= sizes[-1] else 0
+        seg = decode_step_times(cost, shape, jb - j0)
+        cpu = opt.cpu_base_s + opt.cpu_per_seq_s * B + opt.cpu_per_token_s * B
+        if cpu:
+            seg = np.maximum(seg, cpu) if async_ else seg + cpu
+        dts_parts.append(seg)
+        # end times added one step at a time, as the event loop adds them (cumsum is sequential)
+        e = np.cumsum(np.concatenate(([last_end], seg)))[1:]
+        last_end = float(e[-1])
+        ends_parts.append(e)
+        computed = jb
+        j0 = jb
+        if last_end >= hint or last_end >= stop_time:
+            break
+    k = computed
+    dts = np.concatenate(dts_parts)
+    ends = np.concatenate(ends_parts)  # ends of the executed steps (async: the in-flight step first)
+    # Every executed step must end strictly before the horizon; the step during which the next arrival is expected
+    # is the last one worth planning. Async executes k steps (the in-flight one + schedules 0..k-2) for k schedules.
+    n_exec = min(int(np.searchsorted(ends, stop_time, side="left")),
+                 int(np.searchsorted(ends, hint, side="left")) + 1)
+    k = min(k, n_exec)
+    if k < 2:
+        return None
+    # KV: the first schedule whose new blocks (frees not counted) exceed the free blocks would preempt.
     free = len(kv.pool.free_queue)
     allocs = [0] * k
-    for c in C0:
-        for j in range((-c) % bs, k, bs):
+    for c, m in zip(C0, rem):
+        for j in range((-c) % bs, min(m, k), bs):
             allocs[j] += 1
-    cum_alloc = []
     total = 0
     for j, a in enumerate(allocs):
         total += a
         if total > free:
             k = j
             break
-        cum_alloc.append(total)
     if k < 2:
         return None
-    used0 = kv.pool.num_gpu_blocks - 1 - free
     p = Plan()
     p.reqs = list(running)
-    p.B = B
+    p.rem = rem
     p.C0 = C0
     p.O0 = O0
     p.k = k
     p.dts = dts[:k]
     p.ends = ends[:k]
-    p.used = [used0 + a for a in cum_alloc[:k]]
     p.start = env_now
     p.first = first
     p.async_ = async_
-    p.shape_base = (sum0, max(C0), min(C0))
-    p.padded = padded
+    p.sizes = sizes
     p.num_waiting = len(inst.waiting)
-    p.events = _block_events(C0, k, bs, async_, caching)
     p.new_first = new_first
+    p.events = _block_events(C0, rem, k, bs, async_, caching)
+    # completions by step: step q -> positions finishing at its output, in batch order
+    finish_at: dict[int, list[int]] = {}
+    for i, f in enumerate(fin):
+        if f < k:
+            finish_at.setdefault(f, []).append(i)
+    p.finish_at = finish_at
+    p.fin_index = fin
     return p
 
 
-def _block_events(C0: list[int], k: int, bs: int, async_: bool, caching: bool) -> list[tuple[int, int, int]]:
+def _block_events(C0: list[int], rem: list[int], k: int, bs: int, async_: bool,
+                  caching: bool) -> list[tuple[int, int, int]]:
     """(schedule j, request position, kind) in execution order; kind 0 = take a new block, 1 = register the
     block that just filled. Within one request's allocation the new block comes first (vLLM ``allocate_slots``)."""
     ev = []
     for i, c in enumerate(C0):
-        for j in range((-c) % bs, k, bs):
+        top = min(rem[i], k)
+        for j in range((-c) % bs, top, bs):
             ev.append((j, i, 0))
         if caching:
             # sync: a block fills when C0 + j + 1 is a multiple of bs; async (one token behind): when C0 + j is
-            for j in range(((-c) % bs) if async_ else ((-c - 1) % bs), k, bs):
+            for j in range(((-c) % bs) if async_ else ((-c - 1) % bs), top, bs):
                 ev.append((j, i, 1))
     ev.sort()
     return ev
@@ -209,109 +239,183 @@ def step_for(plan: Plan, j: int):
     """The engine's step object for planned schedule ``j`` (scheduled at its planned time)."""
     from lab.engine import _Step
 
-    B = plan.B
-    s0, mx, mn = plan.shape_base
-    shape = BatchShape.decode_only(plan.C0, j, s0, mx, mn)
-    shape.padded_tokens = plan.padded
+    idx = [i for i, m in enumerate(plan.rem) if m > j]
+    reqs = [plan.reqs[i] for i in idx]
+    ctx = [plan.C0[i] + j for i in idx]
+    B = len(reqs)
+    shape = BatchShape.decode_only(ctx, 0, sum(ctx), max(ctx), min(ctx))
+    sizes = plan.sizes
+    shape.padded_tokens = sizes[bisect_left(sizes, B)] if sizes and B <= sizes[-1] else 0
+    at = plan.start if j == 0 else float(plan.ends[j - 1])
+    used = plan.used[j] if j < len(plan.used) else 0
+    return _Step(reqs, [1] * B, [True] * B, shape, float(plan.dts[j]), at, used, 0)
+
+
+def _sync_counters(plan: Plan, i: int, r, n_sched: int, n_out: int) -> None:
+    """Set request i's counters for ``n_sched`` schedules and ``n_out`` steps applied."""
+    m = plan.rem[i]
+    sched = n_sched if n_sched < m else m
     if plan.async_:
-        at = plan.start if j == 0 else float(plan.ends[j - 1])
+        out = 0 if n_out == 0 else (n_out if n_out < m + 1 else m + 1)
+        in_flight = 1 + sched - out
     else:
-        at = plan.start if j == 0 else float(plan.ends[j - 1])
-    return _Step(list(plan.reqs), [1] * B, [True] * B, shape, float(plan.dts[j]), at, plan.used[j], 0)
+        out = n_out if n_out < m else m
+        in_flight = sched - out
+    r.num_computed_tokens = plan.C0[i] + sched
+    r.num_output_tokens = plan.O0[i] + out
+    r.num_output_placeholders = in_flight
+    r.inflight_tokens = in_flight
+    if out:
+        r.last_token_time = float(plan.ends[out - 1])
 
 
 def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
-    """Bring the instance to the state after ``n_sched`` planned schedules and ``n_out`` completed steps
-    (async: the first completed step is the one in flight when the plan was made)."""
+    """Bring the instance to the state after ``n_sched`` planned schedules and ``n_out`` completed steps, in the
+    order the event loop would: schedule 0, step 0's output, schedule 1, step 1's output, ... Stretches without a
+    completion are applied in bulk (their outputs touch no KV block)."""
     kv = inst.kv
     pool = kv.pool
     bs = kv.block_size
     reqs = plan.reqs
-    a0 = plan.applied_sched
-    if n_sched > a0:
-        for (j, i, kind) in plan.events:
-            if j < a0:
-                continue
-            if j >= n_sched:
-                break
-            r = reqs[i]
-            if kind == 0:
-                r.blocks.extend(pool.get_new_blocks(1))
-            else:
-                kv._register(r, (plan.C0[i] + j + 1) // bs if not plan.async_ else (plan.C0[i] + j) // bs)
-    o0 = plan.applied_out
-    if n_out > o0:
-        # the completed steps' durations and end times
-        if plan.async_:
-            durs = [plan.first.dt] + plan.dts.tolist()
-            starts = [plan.start] + plan.ends.tolist()
-            useds = [plan.first.used_blocks] + plan.used
-        else:
-            durs = plan.dts.tolist()
-            starts = [plan.start] + plan.ends.tolist()
-            useds = plan.used
-        last_end = float(plan.ends[n_out - 1])
-        B = plan.B
-        usable = pool.num_gpu_blocks - 1
-        steps = inst.steps
-        iid = inst.instance_id
-        nw = plan.num_waiting
-        q0 = o0
-        if o0 == 0 and plan.async_:
-            # the step in flight at planning time: its own shape (it may hold last prompt chunks)
-            d = durs[0]
-            sh = plan.first.shape
-            if B - plan.new_first:
-                inst.itl.add(float(plan.ends[0]) - starts[0], B - plan.new_first)
-            steps.append(iid, starts[0], d, sh.num_tokens, sh.num_tokens - sh.num_decodes, sh.num_decodes,
-                         sh.num_seqs, useds[0], useds[0] / usable, B, nw, plan.first.num_preempted, B,
-                         plan.first.xfer)
-            inst.busy_time += d
-            q0 = 1
-        if n_out > q0:
-            ends = plan.ends.tolist()
-            st = starts[q0:n_out]
-            inst.itl.extend([e - s_ for e, s_ in zip(ends[q0:n_out], st)], B)
-            n = n_out - q0
-            u = useds[q0:n_out]
-            ds = durs[q0:n_out]
-            steps.extend(iid, st, ds, B, 0, B, B, u, [x / usable for x in u], B, nw, 0, B, 0.0, n=n)
-            busy = inst.busy_time
-            for d in ds:
-                busy += d
-            inst.busy_time = busy
-        if o0 == 0 and plan.new_first:
-            t_first = float(plan.ends[0])
-            for r in reqs:
+    usable = pool.num_gpu_blocks - 1
+    events = plan.events
+    ev_pos = plan._ev_pos
+    a_s, a_o = plan.applied_sched, plan.applied_out
+    async_ = plan.async_
+    fin_steps = sorted(plan.finish_at)
+    while a_s < n_sched or a_o < n_out:
+        i_f = bisect_left(fin_steps, a_o)
+        qf = fin_steps[i_f] if i_f < len(fin_steps) else 1 << 60
+        o_end = min(n_out, qf + 1)
+        s_end = min(n_sched, o_end) if o_end > a_o else n_sched
+        # schedules a_s .. s_end-1: block operations in order, and the blocks in use after each
+        cur = usable - len(pool.free_queue)
+        used = plan.used
+        for j in range(a_s, s_end):
+            while ev_pos < len(events) and events[ev_pos][0] == j:
+                _, i, kind = events[ev_pos]
+                r = reqs[i]
+                if kind == 0:
+                    r.blocks.extend(pool.get_new_blocks(1))
+                    cur += 1
+                else:
+                    kv._register(r, (plan.C0[i] + j + 1) // bs if not async_ else (plan.C0[i] + j) // bs)
+                ev_pos += 1
+            used.append(cur)
+        a_s = max(a_s, s_end)
+        if o_end > a_o:
+            _outputs(inst, plan, a_o, o_end, a_s)
+            a_o = o_end
+    plan._ev_pos = ev_pos
+    plan.applied_sched, plan.applied_out = a_s, a_o
+    for i, r in enumerate(reqs):
+        if r.status == RequestStatus.RUNNING:
+            _sync_counters(plan, i, r, n_sched, n_out)
+
+
+def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
+    """Apply the outputs of steps q0..q1-1; only the last may carry completions."""
+    pool = inst.kv.pool
+    usable = pool.num_gpu_blocks - 1
+    ends = plan.ends
+    async_ = plan.async_
+    counts = plan_counts(plan)
+    steps = inst.steps
+    iid = inst.instance_id
+    nw = plan.num_waiting
+    q = q0
+    if async_ and q == 0:
+        first = plan.first
+        end = float(ends[0])
+        sh = first.shape
+        B = len(first.reqs)
+        if B - plan.new_first:
+            inst.itl.add(end - plan.start, B - plan.new_first)
+        if plan.new_first:
+            for r in plan.reqs:
                 if r.first_token_time is None:
-                    r.first_token_time = t_first
+                    r.first_token_time = end
                     if r.events is not None:
-                        r.events.append((t_first, "first_token"))
-        for i, r in enumerate(reqs):
-            r.num_output_tokens = plan.O0[i] + n_out
-            r.last_token_time = last_end
-    if n_sched > a0 or n_out > o0:
-        # every planned step gives each request one token and one sample, so the tokens and samples still in
-        # flight are equal: 1 for the step in flight at planning time (async) plus schedules not yet completed
-        in_flight = (1 if plan.async_ else 0) + n_sched - n_out
-        for i, r in enumerate(reqs):
-            r.num_computed_tokens = plan.C0[i] + n_sched
-            r.num_output_placeholders = in_flight
-            r.inflight_tokens = in_flight
-    plan.applied_sched = max(a0, n_sched)
-    plan.applied_out = max(o0, n_out)
-    assert all(r.status == RequestStatus.RUNNING for r in reqs)
+                        r.events.append((end, "first_token"))
+        _finishes(inst, plan, 0, n_sched)
+        steps.append(iid, plan.start, first.dt, sh.num_tokens, sh.num_tokens - sh.num_decodes, sh.num_decodes,
+                     sh.num_seqs, first.used_blocks, first.used_blocks / usable, len(inst.running), nw,
+                     first.num_preempted, B, first.xfer)
+        inst.busy_time += first.dt
+        q = 1
+    if q >= q1:
+        return
+    off = 1 if async_ else 0
+    last_fin = q1 - 1 in plan.finish_at
+    qb = q1 - 1 if last_fin else q1  # outputs q..qb-1 in bulk
+    if qb > q:
+        js = slice(q - off, qb - off)
+        e = ends[q:qb].tolist()
+        st = [plan.start if q == 0 else float(ends[q - 1])] + e[:-1]
+        ds = plan.dts[js].tolist()
+        bs_ = counts[js].tolist()
+        us = plan.used[q - off:qb - off]
+        inst.itl.extend_pairs([a - b for a, b in zip(e, st)], bs_)
+        n = qb - q
+        steps.extend(iid, st, ds, bs_, 0, bs_, bs_, us, [u / usable for u in us], len(inst.running), nw, 0, bs_,
+                     0.0, n=n)
+        busy = inst.busy_time
+        for d in ds:
+            busy += d
+        inst.busy_time = busy
+    if last_fin:
+        q = q1 - 1
+        j = q - off
+        end = float(ends[q])
+        start = plan.start if q == 0 else float(ends[q - 1])
+        B = int(counts[j])
+        inst.itl.add(end - start, B)
+        _finishes(inst, plan, q, n_sched)
+        u = plan.used[j]
+        d = float(plan.dts[j])
+        steps.append(iid, start, d, B, 0, B, B, u, u / usable, len(inst.running), nw, 0, B, 0.0)
+        inst.busy_time += d
+
+
+def plan_counts(plan: Plan) -> np.ndarray:
+    """Requests taking part in each planned schedule (cached on the plan)."""
+    c = plan._counts
+    if c is None:
+        srt = np.sort(np.asarray(plan.rem))
+        c = len(srt) - np.searchsorted(srt, np.arange(plan.k), side="right")
+        plan._counts = c
+    return c
+
+
+def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
+    """Finish the requests whose last token came out of step ``q`` (in batch order): free their blocks at once."""
+    done = plan.finish_at.get(q)
+    if not done:
+        return
+    kv = inst.kv
+    end = float(plan.ends[q])
+    for i in done:
+        r = plan.reqs[i]
+        _sync_counters(plan, i, r, n_sched, q + 1)
+        r.status = RequestStatus.FINISHED
+        r.finish_time = end
+        r.num_output_placeholders = 0
+        r.inflight_tokens = 0
+        kv.free(r, finished=True)
+        if r.events is not None:
+            r.events.append((end, "finished"))
+        if inst.on_done:
+            inst.on_done(r)
+    inst.running = [r for r in inst.running if r.status == RequestStatus.RUNNING]
+    if plan.num_waiting:
+        inst.steady = False
 
 
 def progress_at(plan: Plan, t: float) -> tuple[int, int, int]:
     """At time ``t`` inside the jump: (schedules done, steps completed, index of the step executing).
 
-    Sync: step q executes in [ends[q-1], ends[q]); it was scheduled at its start. Async: the step in flight at
-    planning is step 0 of the execution order and ends at ends[0]; planned schedule j executes as step j+1 and was
-    scheduled when step j started."""
+    Step q ends at ends[q]; each schedule happens when the step before it ends (schedule 0 at the start), so while
+    step q executes, schedules 0..q are done (sync: step q is schedule q; async: schedule q is the one made at the
+    start of step q, to execute next)."""
     done = int(np.searchsorted(plan.ends, t, side="right"))  # steps with end <= t
-    if plan.async_:
-        # executing step `done` (0 = the first in-flight one); schedules happen at the start of each step
-        n_sched = min(done + 1, plan.k)
-        return n_sched, done, done
     return min(done + 1, plan.k), done, done

@@ -43,6 +43,13 @@ class WeightedSamples:
         if len(self.values) > COMPACT_AT:
             self.compact()
 
+    def extend_pairs(self, values, weights) -> None:
+        """Add ``values[i]`` with weight ``weights[i]``."""
+        self.values.extend(values)
+        self.weights.extend(weights)
+        if len(self.values) > COMPACT_AT:
+            self.compact()
+
     def compact(self) -> None:
         """Round values to ``RESOLUTION`` and merge equal ones (weights add)."""
         v, w = self.arrays()

@@ -115,7 +115,7 @@ def test_free_order_puts_a_requests_tail_block_closest_to_eviction():
         pool.cache_block(b, 1000 + i)
     pool.free_blocks(list(reversed(blocks)))  # vLLM frees in reverse order
     # the tail block of the request (1002) was freed first, so it sits closest to the head among the three
-    order = [b.block_id for b in pool.free_queue.values()]
+    order = [b.block_id for b in pool.free_queue.blocks()]
     assert order[-3:] == [blocks[2].block_id, blocks[1].block_id, blocks[0].block_id]
 
 
@@ -124,7 +124,7 @@ def test_unhashed_freed_blocks_are_reused_first_in_current_vllm_but_not_legacy()
         pool = BlockPool(6, prepend_unhashed=prepend)
         (b,) = pool.get_new_blocks(1)
         pool.free_blocks([b])
-        head = next(iter(pool.free_queue.values()))
+        head = pool.free_queue.blocks()[0]
         assert (head is b) == expect_head
 
 
