@@ -213,6 +213,8 @@ class Instance:
         self.jumping: set | None = None
         # Expected time of this instance's next arrival (sizes fast-forward plans; correctness never depends on it)
         self.arrival_hint: Callable[[], float] = lambda: float("inf")
+        self._last_arrival = 0.0
+        self._gap_ema = 0.0
         self.num_jumps = 0
         self.jumped_steps = 0
         self._ff = (self.options.fast_forward and not self.options.record_breakdown
@@ -326,6 +328,10 @@ class Instance:
         """Accept an arriving request, or reject it with a reason if it can never be served."""
         self.materialize()
         self.steady = False
+        now = self.env.now
+        gap = now - self._last_arrival
+        self._gap_ema = gap if not self._gap_ema else 0.8 * self._gap_ema + 0.2 * gap
+        self._last_arrival = now
         request.instance_id = self.instance_id
         if self.record_events:
             request.events = [(self.env.now, "arrived")]
@@ -479,6 +485,13 @@ class Instance:
                           shape.num_tokens - shape.num_decodes, shape.num_decodes, shape.num_seqs, step.used_blocks,
                           step.used_blocks / usable, len(self.running), len(self.waiting), step.num_preempted, sampled,
                           step.xfer)
+
+    def expected_next_arrival(self) -> float:
+        """When the next request is expected here: the last arrival plus the mean recent gap (an estimate that only
+        sizes fast-forward plans; an arrival at any other time is still handled exactly)."""
+        if not self._gap_ema:
+            return float("inf")
+        return max(self.env.now, self._last_arrival + self._gap_ema)
 
     def materialize(self) -> None:
         """If a jump is under way, apply every step it has completed by now and turn the step executing now into

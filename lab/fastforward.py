@@ -118,45 +118,47 @@ def plan(inst, stop_time: float) -> Plan | None:
     k = min(k, MAX_JUMP_STEPS)
     if k < 2:
         return None
-    # Step times, segment by segment (the batch changes only when a request has taken its last schedule),
-    # computed until they reach the next expected arrival or the horizon.
+    # Step times of schedules 0..k-1. Request i takes part while j < rem[i], so with requests sorted by rem the
+    # participants of schedule j are a suffix: counts, Σ contexts and the context range follow from suffix sums.
     opt = inst.options
     sizes = opt.cudagraph_sizes
-    cost = inst.cost_model
     hint = inst.arrival_hint()
-    bounds = sorted({m for m in rem if 0 < m < k} | {k})
-    dts_parts = []
-    last_end = env_now
-    ends_parts = []
-    if async_:
-        last_end = env_now + first.dt
-        ends_parts.append(np.array([last_end]))
-    j0 = 0
-    computed = 0
-    for jb in bounds:
-        if jb <= j0:
-            continue
-        part = [i for i, m in enumerate(rem) if m > j0]
-        ctx = [C0[i] + j0 for i in part]
-        B = len(ctx)
-        shape = BatchShape.decode_only(ctx, 0, sum(ctx), max(ctx), min(ctx))
-        shape.padded_tokens = sizes[bisect_left(sizes, B)] if sizes and B <= sizes[-1] else 0
-        seg = decode_step_times(cost, shape, jb - j0)
-        cpu = opt.cpu_base_s + opt.cpu_per_seq_s * B + opt.cpu_per_token_s * B
-        if cpu:
-            seg = np.maximum(seg, cpu) if async_ else seg + cpu
-        dts_parts.append(seg)
-        # end times added one step at a time, as the event loop adds them (cumsum is sequential)
-        e = np.cumsum(np.concatenate(([last_end], seg)))[1:]
-        last_end = float(e[-1])
-        ends_parts.append(e)
-        computed = jb
-        j0 = jb
-        if last_end >= hint or last_end >= stop_time:
+    order = sorted(range(len(rem)), key=rem.__getitem__)
+    srem = np.array([rem[i] for i in order], dtype=np.int64)
+    sc = np.array([C0[i] for i in order], dtype=np.int64)
+    n = len(order)
+    suf_sum = np.concatenate((np.cumsum(sc[::-1])[::-1], [0]))
+    suf_max = np.concatenate((np.maximum.accumulate(sc[::-1])[::-1], [0]))
+    suf_min = np.concatenate((np.minimum.accumulate(sc[::-1])[::-1], [0]))
+    js = np.arange(k, dtype=np.int64)
+    idx = np.searchsorted(srem, js, side="right")  # first participant in rem order
+    counts = n - idx
+    dsum = suf_sum[idx] + counts * js
+    dmax = suf_max[idx] + js
+    dmin = suf_min[idx] + js
+    if sizes:
+        top = sizes[-1]
+        sz = np.asarray(sizes)
+        padded = np.where(counts <= top, sz[np.minimum(np.searchsorted(sz, counts), len(sz) - 1)], 0)
+    else:
+        padded = np.zeros(k, dtype=np.int64)
+    cost = inst.cost_model
+    by_rem = [C0[i] for i in order]
+    kk = k if hasattr(cost, "decode_times") else min(k, 32)  # without a vectorised model: grow in chunks
+    while True:
+        dts = decode_times(cost, counts[:kk], dsum[:kk], dmax[:kk], dmin[:kk], padded[:kk], by_rem)
+        if opt.cpu_base_s or opt.cpu_per_seq_s or opt.cpu_per_token_s:
+            cpu = opt.cpu_base_s + opt.cpu_per_seq_s * counts[:kk] + opt.cpu_per_token_s * counts[:kk]
+            dts = np.maximum(dts, cpu) if async_ else dts + cpu
+        # End times added one step at a time, as the event loop adds them (cumsum is sequential).
+        if async_:
+            ends = np.cumsum(np.concatenate(([env_now, first.dt], dts)))[1:]  # the in-flight step, then schedules
+        else:
+            ends = np.cumsum(np.concatenate(([env_now], dts)))[1:]
+        if kk == k or ends[-1] >= hint or ends[-1] >= stop_time:
             break
-    k = computed
-    dts = np.concatenate(dts_parts)
-    ends = np.concatenate(ends_parts)  # ends of the executed steps (async: the in-flight step first)
+        kk = min(k, kk * 4)
+    k = kk
     # Every executed step must end strictly before the horizon; the step during which the next arrival is expected
     # is the last one worth planning. Async executes k steps (the in-flight one + schedules 0..k-2) for k schedules.
     n_exec = min(int(np.searchsorted(ends, stop_time, side="left")),
@@ -220,17 +222,20 @@ def _block_events(C0: list[int], rem: list[int], k: int, bs: int, async_: bool,
     return ev
 
 
-def decode_step_times(cost, shape: BatchShape, k: int) -> np.ndarray:
-    """Times of ``k`` decode steps whose contexts grow by one token per step, starting from ``shape``. Uses the
-    cost model's vectorised ``decode_step_times`` when it has one."""
-    fn = getattr(cost, "decode_step_times", None)
+def decode_times(cost, counts, dsum, dmax, dmin, padded, ctx_by_rem: list[int]) -> np.ndarray:
+    """Times of planned pure-decode steps j = 0..k-1 (per step: decodes, Σ contexts, context range, padded tokens).
+    Uses the cost model's vectorised ``decode_times`` when it has one; otherwise builds each step's shape (the
+    participants of step j are the requests, in rem order, from the first with rem > j) and calls ``step_time``."""
+    fn = getattr(cost, "decode_times", None)
     if fn is not None:
-        return np.asarray(fn(shape, k), dtype=float)
+        return np.asarray(fn(counts, dsum, dmax, dmin, padded), dtype=float)
+    k = len(counts)
     out = np.empty(k)
-    s0, mx, mn = shape.decode_sum, shape.decode_max, shape.decode_min
+    n = len(ctx_by_rem)
     for j in range(k):
-        sh = BatchShape.decode_only(shape.decode_context, j, s0, mx, mn)
-        sh.padded_tokens = shape.padded_tokens
+        part = [c + j for c in ctx_by_rem[n - int(counts[j]):]]
+        sh = BatchShape.decode_only(part, 0, int(dsum[j]), int(dmax[j]), int(dmin[j]))
+        sh.padded_tokens = int(padded[j])
         out[j] = cost.step_time(sh)
     return out
 

@@ -251,11 +251,8 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     if n_inst == 1:
         instances[0].arrival_hint = lambda: nxt[0]
     else:
-        def hint() -> float:
-            now = env.now
-            return now + n_inst * (nxt[0] - now)  # about one arrival in n_inst lands here
         for inst in instances:
-            inst.arrival_hint = hint
+            inst.arrival_hint = inst.expected_next_arrival
 
     views = [_RouterView(i) for i in instances]
 

@@ -186,20 +186,30 @@ class RooflineCostModel:
         self._cache[key] = out
         return out
 
-    def decode_step_times(self, shape: BatchShape, k: int) -> "np.ndarray":
-        """Times of ``k`` pure-decode steps whose contexts grow by one token per step from ``shape``; the same
-        float operations as :meth:`step_time`, so each value equals it bit for bit (fast-forward relies on it)."""
+    def decode_times(self, num_decodes: np.ndarray, decode_sum: np.ndarray, decode_max: np.ndarray,
+                     decode_min: np.ndarray, padded: np.ndarray) -> np.ndarray:
+        """Times of pure-decode steps given per step: decodes, Σ context tokens, largest and smallest context,
+        CUDA-graph padded token count (0 = none). The same float operations as :meth:`step_time`, so each value
+        equals it bit for bit (the fast-forward relies on it)."""
         e = self.eff
         m = self.model
-        nd = shape.num_decodes
-        base = self._token_terms(shape.dense_tokens, shape.num_seqs)["_sum"]
         if m.is_mla:
             pair_decode = 2.0 * self.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
         else:
             pair_decode = 4.0 * self.heads * m.head_dim
         bw = self.hw.memory_bandwidth * e.attention_memory
         fl = self.attn_peak * e.attention_compute
-        ctx = (shape.decode_sum + nd) + nd * np.arange(k, dtype=np.int64)
+        nd = np.asarray(num_decodes, dtype=np.int64)
+        dense = np.where(np.asarray(padded) > 0, padded, nd)
+        base = np.empty(len(nd))
+        # (dense, nd) is constant over runs of steps (the batch changes only when a request finishes)
+        cuts = np.flatnonzero((np.diff(nd) != 0) | (np.diff(dense) != 0)) + 1
+        lo = 0
+        terms = self._token_terms
+        for hi in [*cuts.tolist(), len(nd)]:
+            base[lo:hi] = terms(int(dense[lo]), int(nd[lo]))["_sum"]
+            lo = hi
+        ctx = np.asarray(decode_sum, dtype=np.int64) + nd
         byts = ctx * self.kv_layer_bytes
         att = np.maximum(ctx * pair_decode / fl, byts / bw) + e.kernel_launch_s
         return base + att * m.num_layers
