@@ -487,11 +487,12 @@ class Instance:
                           step.xfer)
 
     def expected_next_arrival(self) -> float:
-        """When the next request is expected here: the last arrival plus the mean recent gap (an estimate that only
-        sizes fast-forward plans; an arrival at any other time is still handled exactly)."""
+        """When the next request is expected here: now plus the mean recent gap between arrivals (the expected wait
+        of a Poisson stream, whatever has elapsed). Only sizes fast-forward plans; an arrival at any other time is
+        still handled exactly."""
         if not self._gap_ema:
             return float("inf")
-        return max(self.env.now, self._last_arrival + self._gap_ema)
+        return self.env.now + self._gap_ema
 
     def materialize(self) -> None:
         """If a jump is under way, apply every step it has completed by now and turn the step executing now into

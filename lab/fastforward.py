@@ -144,7 +144,7 @@ def plan(inst, stop_time: float) -> Plan | None:
         padded = np.zeros(k, dtype=np.int64)
     cost = inst.cost_model
     by_rem = [C0[i] for i in order]
-    kk = k if hasattr(cost, "decode_times") else min(k, 32)  # without a vectorised model: grow in chunks
+    kk = min(k, 64)  # grow in chunks until the expected arrival: a short jump costs little to plan
     while True:
         dts = decode_times(cost, counts[:kk], dsum[:kk], dmax[:kk], dmin[:kk], padded[:kk], by_rem)
         if opt.cpu_base_s or opt.cpu_per_seq_s or opt.cpu_per_token_s:
