@@ -37,9 +37,9 @@ class Plan:
     as step j+1, one step after it was scheduled; the last schedule is left in flight when the jump ends.
     """
 
-    __slots__ = ("reqs", "rem", "C0", "O0", "k", "dts", "ends", "events", "start", "first", "async_", "padded",
+    __slots__ = ("reqs", "rem", "C0", "O0", "k", "dts", "ends", "events", "start", "first", "async_",
                  "applied_sched", "applied_out", "num_waiting", "new_first", "used", "finish_at", "sizes",
-                 "fin_index", "_ev_pos", "_counts")
+                 "_ev_pos", "_counts")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -64,10 +64,6 @@ def steady_batch(inst) -> bool:
         if inst.kv.enable_prefix_caching and any(r.output_token_ids is not None for r in running):
             return False
     return True
-
-
-def _participants(plan_reqs, rem, j):
-    return [r for r, m in zip(plan_reqs, rem) if m > j]
 
 
 def plan(inst, stop_time: float) -> Plan | None:
@@ -201,7 +197,7 @@ def plan(inst, stop_time: float) -> Plan | None:
         if f < k:
             finish_at.setdefault(f, []).append(i)
     p.finish_at = finish_at
-    p.fin_index = fin
+    p._counts = counts[:k]
     return p
 
 
@@ -383,13 +379,8 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
 
 
 def plan_counts(plan: Plan) -> np.ndarray:
-    """Requests taking part in each planned schedule (cached on the plan)."""
-    c = plan._counts
-    if c is None:
-        srt = np.sort(np.asarray(plan.rem))
-        c = len(srt) - np.searchsorted(srt, np.arange(plan.k), side="right")
-        plan._counts = c
-    return c
+    """Requests taking part in each planned schedule."""
+    return plan._counts
 
 
 def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
