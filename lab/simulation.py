@@ -278,7 +278,7 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     thresholds = gc.get_threshold()
     gc.set_threshold(50_000, 20, 100)
     try:
-            env.run(until=horizon) if horizon else env.run()
+        env.run(until=horizon) if horizon else env.run()
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
