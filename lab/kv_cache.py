@@ -13,9 +13,9 @@ from collections import deque
 from lab.request import Request
 
 
-def _marker(request: Request, i: int) -> int:
-    """The block-hash marker of block ``i`` of a request whose content is unique (see ``KVCacheManager._register``)."""
-    return -(request.index << 32) - 1 - i
+def _unique(request: Request) -> bool:
+    """Content unique to the request (no token ids, no hash ids): no other request can ever hit its blocks."""
+    return request.prompt_token_ids is None and request.hash_ids is None
 
 
 class Block:
@@ -45,12 +45,13 @@ class FreeBlockQueue:
     cheaper than a linked list per block (vLLM ``FreeKVCacheBlockQueue`` has the same interface).
     """
 
-    __slots__ = ("_q", "_seq", "n")
+    __slots__ = ("_q", "_seq", "n", "stale")
 
     def __init__(self, blocks: list[Block]) -> None:
         self._q: deque = deque()
         self._seq = 0
         self.n = 0
+        self.stale = 0  # stale entries still in the deque; while 0, popped entries need no check
         for b in blocks:
             self.append(b)
 
@@ -72,15 +73,16 @@ class FreeBlockQueue:
     def remove(self, b: Block) -> None:
         b.free_seq = -1
         self.n -= 1
+        self.stale += 1
 
     def popleft(self) -> Block:
         pop = self._q.popleft
         while True:
             s, b = pop()
             if b.free_seq == s:
-                b.free_seq = -1
                 self.n -= 1
                 return b
+            self.stale -= 1
 
     def blocks(self) -> list[Block]:
         """The free blocks from head to tail (for inspection)."""
@@ -144,17 +146,18 @@ class BlockPool:
         if n > fq.n:
             raise RuntimeError(f"asked for {n} KV blocks with only {fq.n} free")
         pop = fq._q.popleft
-        out = []
-        add = out.append
         cached = self.cached
-        got = 0
-        while got < n:
-            s, block = pop()
-            if block.free_seq != s:
-                continue  # stale entry of a block taken out of the queue by a prefix hit
-            block.free_seq = -1
-            got += 1
-            add(block)
+        if fq.stale:
+            out = []
+            while len(out) < n:
+                s, block = pop()
+                if block.free_seq != s:
+                    fq.stale -= 1  # an entry left behind by a block taken out of the queue (a prefix hit)
+                    continue
+                out.append(block)
+        else:
+            out = [pop()[1] for _ in range(n)]
+        for block in out:
             block.ref_cnt = 1
             if block.block_hash is not None:
                 if block.in_map:
@@ -203,6 +206,35 @@ class BlockPool:
                 n += 1
         fq._seq = seq
         fq.n += n
+
+    def free_unique(self, blocks: list[Block], num_full: int) -> list[int]:
+        """Free the blocks of a request whose content is unique (each held by it alone), last block first: the
+        full (registered) ones go to the tail as hashed blocks do, the rest to the head if ``prepend_unhashed``.
+        Returns the free-queue sequence numbers of the full blocks (how a resumed request recognises its own)."""
+        fq = self.free_queue
+        q = fq._q
+        seq = fq._seq
+        n = len(blocks)
+        tail_first = not self.prepend_unhashed
+        for b in reversed(blocks[num_full:]):
+            seq += 1
+            b.ref_cnt = 0
+            b.free_seq = seq
+            if tail_first:
+                q.append((seq, b))
+            else:
+                q.appendleft((seq, b))
+        seqs = [0] * num_full
+        for i in range(num_full - 1, -1, -1):
+            b = blocks[i]
+            seq += 1
+            b.ref_cnt = 0
+            b.free_seq = seq
+            q.append((seq, b))
+            seqs[i] = seq
+        fq._seq = seq
+        fq.n += n
+        return seqs
 
     def cache_block(self, block: Block, block_hash: int) -> None:
         """Register a full block under its hash (vLLM ``cache_full_blocks``)."""
@@ -278,15 +310,16 @@ class KVCacheManager:
         max_blocks = (request.num_tokens - 1) // bs
         if max_blocks <= 0:
             return [], 0
-        if request.prompt_token_ids is None and request.hash_ids is None:
-            # Content unique to this request: only its own blocks, freed by a preemption and not reused since,
-            # can hit (they still carry its markers).
+        if _unique(request):
+            # Content unique to this request: only its own full blocks, freed by a preemption and not handed out
+            # since (still free, same free-queue entry), can hit.
             prev = request.prev_blocks
             hits = []
             if prev:
-                for i in range(min(max_blocks, len(prev))):
-                    b = prev[i]
-                    if b.block_hash != _marker(request, i):
+                blocks, seqs = prev
+                for i in range(min(max_blocks, len(seqs))):
+                    b = blocks[i]
+                    if b.ref_cnt or b.free_seq != seqs[i]:
                         break
                     hits.append(b)
             return hits, len(hits) * bs
@@ -378,13 +411,12 @@ class KVCacheManager:
 
     def _register(self, request: Request, num_full: int) -> None:
         """Register the request's full blocks up to ``num_full`` (vLLM ``cache_full_blocks``). Content unique to
-        the request gets a per-(request, block) marker instead of a map entry: no one else can hit it."""
+        the request is only counted: no one else can hit it, and the request recognises its own freed blocks by
+        their free-queue entries (see :meth:`free`)."""
         blocks = request.blocks
         start = request.num_cached_blocks
-        if request.prompt_token_ids is None and request.hash_ids is None:
-            base = -(request.index << 32) - 1
-            for i in range(start, num_full):
-                blocks[i].block_hash = base - i
+        if _unique(request):
+            pass  # nothing else can hit them: only the count matters (where they go when freed)
         else:
             hashes = request.ensure_block_hashes(num_full, self.block_size)
             cached = self.pool.cached
@@ -408,9 +440,12 @@ class KVCacheManager:
         """
         blocks = request.blocks
         if blocks:
-            self.pool.free_blocks(reversed(blocks))
-            if not finished and request.prompt_token_ids is None and request.hash_ids is None:
-                request.prev_blocks = blocks  # its markers stay on them until they are reused
+            if _unique(request):
+                seqs = self.pool.free_unique(blocks, request.num_cached_blocks)
+                if not finished:
+                    request.prev_blocks = (blocks, seqs)  # a resumed request can hit these while untouched
+            else:
+                self.pool.free_blocks(reversed(blocks))
         request.blocks = []
         request.num_cached_blocks = 0
         if finished:
