@@ -156,3 +156,24 @@ def test_watermark_reserves_blocks():
     r = Request(0, 0.0, 12, 2)
     assert not kv.allocate_slots(r, 12, reserved_blocks=2)
     assert kv.allocate_slots(r, 12, reserved_blocks=1)
+
+
+def test_a_preempted_request_without_identity_hits_its_own_blocks_until_they_are_reused():
+    kv = KVCacheManager(12, 4, 4096)  # 11 usable blocks
+    a = Request(0, 0.0, 18, 5)  # no token ids: content unique to it
+    assert kv.allocate_slots(a, 18)  # 5 blocks, 4 full
+    a.num_computed_tokens = 18
+    kv.free(a)  # preempted (not finished): its blocks stay cached
+    a.num_computed_tokens = 0
+    hits, n = kv.get_computed_blocks(a)
+    assert n == 16 and len(hits) == 4
+    # the full blocks went to the tail and the partial one to the head: a new request takes the head first
+    b = Request(1, 0.0, 4, 2)
+    assert kv.allocate_slots(b, 4)
+    assert kv.get_computed_blocks(a)[1] == 16
+    # allocating the rest of the free queue reuses a's blocks: no hit any more
+    c = Request(2, 0.0, 40, 2)
+    assert kv.allocate_slots(c, 40)
+    assert kv.get_computed_blocks(a)[1] == 0
+    d = Request(3, 0.0, 18, 5)
+    assert kv.get_computed_blocks(d)[1] == 0  # nobody else ever hits them
