@@ -200,14 +200,14 @@ class RooflineCostModel:
         bw = self.hw.memory_bandwidth * e.attention_memory
         fl = self.attn_peak * e.attention_compute
         nd = np.asarray(num_decodes, dtype=np.int64)
-        dense = np.where(np.asarray(padded) > 0, padded, nd)
-        base = np.empty(len(nd))
-        # (dense, nd) is constant over runs of steps (the batch changes only when a request finishes)
-        cuts = np.flatnonzero((np.diff(nd) != 0) | (np.diff(dense) != 0)) + 1
-        lo = 0
+        n = len(nd)
+        base = np.empty(n)
+        # the batch (hence its padded size) changes only when a request finishes: constant over runs of steps
         terms = self._token_terms
-        for hi in [*cuts.tolist(), len(nd)]:
-            base[lo:hi] = terms(int(dense[lo]), int(nd[lo]))["_sum"]
+        lo = 0
+        for hi in (np.flatnonzero(nd[1:] != nd[:-1]) + 1).tolist() + [n]:
+            b = int(nd[lo])
+            base[lo:hi] = terms(int(padded[lo]) or b, b)["_sum"]
             lo = hi
         ctx = np.asarray(decode_sum, dtype=np.int64) + nd
         byts = ctx * self.kv_layer_bytes
