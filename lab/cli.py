@@ -172,5 +172,9 @@ def policies() -> None:
         console.print(t)
 
 
+from lab.cli_costmodel import register as _register_costmodel  # noqa: E402
+
+_register_costmodel(app)
+
 if __name__ == "__main__":
     app()

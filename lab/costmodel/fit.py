@@ -33,7 +33,7 @@ from lab.costmodel import ops
 
 # compute features, memory features per class
 FEATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "gemm": (("m", "n", "k"), ("bytes", "n", "k")),
+    "gemm": (("m", "n", "k", "align"), ("bytes", "n", "k", "m", "align")),
     "attn_prefill": (("q_len", "span", "units", "head_dim"), ("bytes",)),
     "attn_decode": (("units", "head_dim"), ("kv_len", "kv_units", "bytes")),
     "mla_prefill": (("q_len", "batch", "heads"), ("bytes",)),
@@ -96,7 +96,7 @@ def work(cls: str, df: pd.DataFrame | dict) -> tuple[np.ndarray, np.ndarray, dic
         m, n, k = (g(c).astype(float) for c in "mnk")
         wb = _w_bytes(list(g("dtype")))
         F, B = ops.gemm(m, n, k, wb, wb)
-        return F, B, {"m": m, "n": n, "k": k, "bytes": B}
+        return F, B, {"m": m, "n": n, "k": k, "align": np.where(m % 16 == 0, 2.0, 1.0), "bytes": B}
     if cls == "attn_prefill":
         b, q, c, H, Hk, d = (g(x).astype(float) for x in ("batch", "q_len", "ctx_len", "heads", "kv_heads", "head_dim"))
         kvt = 2 * Hk * d * _kv_bytes(list(g("kv_dtype")))
@@ -272,7 +272,7 @@ def _knots(x: np.ndarray) -> list[float]:
 
 
 def fit_curve(cls: str, variant: str, df: pd.DataFrame, hw: Hardware, smooth: float = 0.05,
-              max_rows: int = 6000) -> Curve:
+              max_rows: int = 4000) -> Curve:
     """Fit one curve to observations of one GPU, class and variant.
 
     Raises:
@@ -331,7 +331,7 @@ def fit_curve(cls: str, variant: str, df: pd.DataFrame, hw: Hardware, smooth: fl
                          *[np.zeros(s) for s in sizes]])
     lo = np.concatenate([[math.log(1e-8), -3.0, -8.0, -8.0], np.full(sum(sizes), -8.0)])
     hi = np.concatenate([[math.log(1e-2), 4.0, 8.0, 8.0], np.full(sum(sizes), 8.0)])
-    sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, max_nfev=200)
+    sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, max_nfev=100)
     t0, p, a_c, a_m, vals = unpack(sol.x)
     values = {f: [float(v) for v in vals[f]] if f in vals else [0.0, 0.0] for f in (*cf, *mf)}
     return Curve(cls, variant, P, W, t0, p, float(a_c), float(a_m), cap, knots, values, len(df))
@@ -452,13 +452,16 @@ def calibrate(obs, min_rows: int = 16, log=None) -> "CurveSet":
             key = (gpu, cls, v)
             if key not in best or rank < best[key][0]:
                 best[key] = (rank, f, d)
+    import time
+
     curves = CurveSet()
     for (gpu, cls, v), (_, f, d) in sorted(best.items()):
+        t0 = time.perf_counter()
         c = fit_curve(cls, v, d, load_hardware(gpu))
         c.source = f"{f}: " + ", ".join(sorted({s.split(':')[0] for s in d['source']}))
         curves.add(gpu, c)
         if log:
-            log(f"fitted {gpu} {cls} {v} from {f} ({len(d)} rows)")
+            log(f"fitted {gpu} {cls} {v} from {f} ({len(d)} rows, {time.perf_counter() - t0:.1f} s)")
     return curves
 
 
@@ -482,7 +485,7 @@ def holdout(obs, frac: float = 0.2, min_rows: int = 30, log=None) -> pd.DataFram
             obs_t = d.loc[test, "time_s"].to_numpy(float)
             fit_err = mape(c.predict(F, B, feats), obs_t)
             interp = interpolation_holdout(cls, d, test)
-            rows.append({"gpu": gpu, "class": cls, "variant": v, "family": f, "rows": len(d),
+            rows.append({"gpu": gpu, "op_class": cls, "variant": v, "family": f, "rows": len(d),
                          "test_rows": int(test.sum()), "fit_mape_pct": round(fit_err, 1),
                          "table_mape_pct": None if interp is None else round(interp[0], 1),
                          "table_test_rows": None if interp is None else interp[1]})

@@ -176,7 +176,7 @@ class OperatorCostModel:
                 if m <= 0:
                     return 0.0
                 F, B = ops.gemm(m, n, k, wb, wb)
-                return c.time(F, B, {"m": m, "n": n, "k": k, "bytes": B})
+                return c.time(F, B, {"m": m, "n": n, "k": k, "align": 2.0 if m % 16 == 0 else 1.0, "bytes": B})
             return fc, work, src
         peak = self.hw.peak_flops(variant)
         e = self.eff

@@ -111,14 +111,38 @@ class Grid2D:
         return math.exp(self.la[0]) <= a <= math.exp(self.la[-1])
 
 
+class AlignedCurve:
+    """GEMM time over m when the table measured both m and m+1 (AIConfigurator's grid): kernels pad m to a
+    multiple of their tile, so time jumps right after a multiple of 16; aligned (m % 16 == 0) and unaligned m
+    are interpolated on separate curves."""
+
+    __slots__ = ("aligned", "other", "x0", "xmax")
+
+    def __init__(self, aligned: Curve1D, other: Curve1D) -> None:
+        self.aligned, self.other = aligned, other
+        self.x0 = min(aligned.x0, other.x0)
+        self.xmax = max(aligned.xmax, other.xmax)
+
+    def __call__(self, m: float) -> float:
+        return self.aligned(m) if m % 16 == 0 else self.other(m)
+
+
+def _m_curve(g: pd.DataFrame):
+    al = g[g["m"] % 16 == 0]
+    un = g[g["m"] % 16 != 0]
+    if al["m"].nunique() >= 3 and un["m"].nunique() >= 3:
+        return AlignedCurve(Curve1D(al["m"], al["time_s"]), Curve1D(un["m"], un["time_s"]))
+    return Curve1D(g["m"], g["time_s"])
+
+
 class GemmTable:
-    """Measured GEMM times of one dtype: a :class:`Curve1D` over m per measured (n, k)."""
+    """Measured GEMM times of one dtype: a curve over m per measured (n, k)."""
 
     def __init__(self, df: pd.DataFrame) -> None:
         self.curves: dict[tuple[int, int], Curve1D] = {}
         self.sources: dict[tuple[int, int], str] = {}
         for (n, k), g in df.groupby(["n", "k"]):
-            self.curves[(int(n), int(k))] = Curve1D(g["m"], g["time_s"])
+            self.curves[(int(n), int(k))] = _m_curve(g)
             self.sources[(int(n), int(k))] = str(g["source"].iloc[0]).split(":")[0]
         self.ns = sorted({n for n, _ in self.curves})
         self.ks = sorted({k for _, k in self.curves})
