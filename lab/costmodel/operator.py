@@ -30,8 +30,9 @@ total query/key pairs (from a table of uniform batches), or chunk by chunk (from
 decodes from the mean KV length, bounded below by the longest decode alone (one long sequence cannot be spread
 over the whole GPU), so the result depends on the spread and not only the mean.
 
-With ``enforce_eager`` (no CUDA graphs) the host issues every kernel: the step takes at least
-``kernels x cpu_launch_s`` and the GPU time hides under it when that is longer.
+With ``enforce_eager`` (no CUDA graphs) the host issues every kernel one by one: a kernel shorter than the host's
+time to issue it (``cpu_launch_s``) waits for the host, so each call costs max(GPU time, kernels x cpu_launch_s).
+Small kernels (norms, decode attention, the small GEMMs of a wide TP split) become host-bound first.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class OperatorCostModel:
         link_bandwidth: scale-up link bandwidth per GPU, one direction, B/s (default: the catalog's).
         link_latency_s: latency of one collective when it is costed from the link model.
         moe_imbalance: multiplies the routed-expert time (busiest GPU / mean; 1 = balanced routing).
-        enforce_eager: no CUDA graphs: the step is at least ``kernels x cpu_launch_s``.
+        enforce_eager: no CUDA graphs: each call costs at least ``kernels x cpu_launch_s``.
         cpu_launch_s: host time to issue one kernel in eager mode.
     """
 
@@ -533,58 +534,69 @@ class OperatorCostModel:
 
     # ------------------------------------------------------------------------------------------ step
     def _token_terms(self, T: int, S: int) -> tuple[float, float, dict[str, float]]:
+        """(GPU seconds, eager host-bound extra seconds, seconds per operator) of the token-only operators."""
         key = (T, S)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
         parts: dict[str, float] = {}
-        kernels = 0
+        extra = 0.0
+        floor = self.cpu_launch_s if self.enforce_eager else 0.0
         for op in self.tok_ops:
-            t = op.fn(T, S) * op.calls
-            parts[op.name] = parts.get(op.name, 0.0) + t
-            kernels += op.kernels * op.calls
-        out = (sum(parts.values()), float(kernels), parts)
+            t = op.fn(T, S)
+            if floor and t < op.kernels * floor:
+                extra += (op.kernels * floor - t) * op.calls
+            parts[op.name] = parts.get(op.name, 0.0) + t * op.calls
+        out = (sum(parts.values()), extra, parts)
         self._cache[key] = out
         return out
 
-    def _combine(self, gpu: float, kernels: float) -> tuple[float, float]:
-        """(step seconds, host-bound extra) from GPU time and kernel count."""
-        extra = 0.0
-        if self.enforce_eager:
-            cpu = kernels * self.cpu_launch_s
-            if cpu > gpu:
-                extra = cpu - gpu
-        return gpu + extra + self.eff.step_overhead_s, extra
+    def _attn_extra(self, pre: float, dec: float) -> float:
+        """Eager host-bound extra of one layer's attention kernels (one per part present)."""
+        if not self.enforce_eager:
+            return 0.0
+        f = self.cpu_launch_s
+        return (max(0.0, f - pre) if pre else 0.0) + (max(0.0, f - dec) if dec else 0.0)
 
     def step_time(self, shape: BatchShape) -> float:
         T = shape.num_tokens
         if T == 0:
             return self.eff.step_overhead_s
-        tok, kernels, _ = self._token_terms(T, shape.num_seqs)
+        tok, extra, _ = self._token_terms(T, shape.num_seqs)
         pre, dec = self._attention_layer(shape)
-        gpu = tok + (pre + dec) * self.attn_calls
+        t = tok + (pre + dec) * self.attn_calls + self.eff.step_overhead_s
         if self.enforce_eager:
-            return self._combine(gpu, kernels + 2 * self.attn_calls)[0]
-        return gpu + self.eff.step_overhead_s
+            t += extra + self._attn_extra(pre, dec) * self.attn_calls
+        return t
 
     def breakdown(self, shape: BatchShape) -> dict[str, float]:
-        """Seconds per operator over the whole step (all layers), plus ``overhead`` and, in eager mode when the
-        host is the bottleneck, ``host_launch_bound``; sums to :meth:`step_time`."""
+        """Seconds per operator over the whole step (all layers), plus ``overhead`` and, in eager mode,
+        ``host_launch_bound`` (time kernels wait for the host to issue them); sums to :meth:`step_time`."""
         T = shape.num_tokens
         if T == 0:
             return {"overhead": self.eff.step_overhead_s}
-        tok, kernels, parts = self._token_terms(T, shape.num_seqs)
+        tok, extra, parts = self._token_terms(T, shape.num_seqs)
         pre, dec = self._attention_layer(shape)
         out = dict(parts)
         key = "attention" if self.mla_mode != "module-table" else "mla_module"
         out[f"{key}_prefill"] = pre * self.attn_calls
         out[f"{key}_decode"] = dec * self.attn_calls
-        gpu = tok + (pre + dec) * self.attn_calls
-        _, extra = self._combine(gpu, kernels + 2 * self.attn_calls)
-        if extra:
-            out["host_launch_bound"] = extra
+        if self.enforce_eager:
+            out["host_launch_bound"] = extra + self._attn_extra(pre, dec) * self.attn_calls
         out["overhead"] = self.eff.step_overhead_s
         return out
+
+    def op_calls(self, shape: BatchShape) -> list[tuple[float, int, int]]:
+        """(GPU seconds per call, calls, kernels per call) of every operator of the step, for fitting host
+        overheads (lab/costmodel/checks.py)."""
+        T, S = shape.num_tokens, shape.num_seqs
+        rows = [(op.fn(T, S), op.calls, op.kernels) for op in self.tok_ops]
+        pre, dec = self._attention_layer(shape)
+        if pre:
+            rows.append((pre, self.attn_calls, 1))
+        if dec:
+            rows.append((dec, self.attn_calls, 1))
+        return rows
 
     def explain(self, shape: BatchShape) -> list[OpRow]:
         """Every operator of the step with its calls, total time, source, FLOPs and bytes (summed over calls)."""
@@ -592,7 +604,7 @@ class OperatorCostModel:
         rows: list[OpRow] = []
         if T == 0:
             return [OpRow("overhead", "overhead", 1, self.eff.step_overhead_s, "config", 0.0, 0.0)]
-        tok, kernels, parts = self._token_terms(T, S)
+        tok, extra, parts = self._token_terms(T, S)
         for op in self.tok_ops:
             f, b = op.work(T, S)
             rows.append(OpRow(op.name, op.group, op.calls, op.fn(T, S) * op.calls, op.source, f * op.calls,
@@ -609,11 +621,9 @@ class OperatorCostModel:
         if shape.prefill_new or shape.num_decodes:
             rows.append(OpRow("(attention FLOPs/bytes, all parts)", "attention", self.attn_calls, 0.0, "",
                               F * self.attn_calls, B * self.attn_calls))
-        gpu = tok + (pre + dec) * self.attn_calls
-        _, extra = self._combine(gpu, kernels + 2 * self.attn_calls)
-        if extra:
-            rows.append(OpRow("host_launch_bound", "overhead", 1, extra, f"eager: {self.cpu_launch_s * 1e6:.1f} us/kernel",
-                              0.0, 0.0))
+        if self.enforce_eager:
+            rows.append(OpRow("host_launch_bound", "overhead", 1, extra + self._attn_extra(pre, dec) * self.attn_calls,
+                              f"eager: {self.cpu_launch_s * 1e6:.1f} us per kernel launch", 0.0, 0.0))
         rows.append(OpRow("overhead", "overhead", 1, self.eff.step_overhead_s, "step_overhead_s", 0.0, 0.0))
         return rows
 

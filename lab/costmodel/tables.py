@@ -3,7 +3,8 @@
 Inside a table's grid, times are interpolated linearly in log(time) over log(size) along each measured axis
 (exact for power laws, which GEMM, attention and collective times follow piecewise). Below the smallest measured
 size the smallest time is used (small kernels are latency-bound); above the largest, the last measured point is
-extended with the log-log slope of the last measured segment (clamped to [0, 2.5]). A shape whose fixed
+extended linearly in size (past the largest measured size the hardware is saturated; for causal attention over the
+sequence length, with the measured log-log slope up to 2). A shape whose fixed
 dimensions (a GEMM's n and k, an attention's heads and head dim, an MoE's configuration) are not in a table is not
 covered: the operator cost model then falls back to a fitted curve or the roofline.
 
@@ -11,7 +12,8 @@ Lookups (built per GPU by :class:`TableSet`; when several profile families cover
 highest-priority one wins, see lab/costmodel/fit.py ``FAMILY_PRIORITY``):
 
 * GEMM: time over ``m`` for each measured ``(dtype, n, k)``; an ``(n, k)`` between measured ones is interpolated
-  bilinearly in (log n, log k) from the four surrounding measured pairs when the table is a full grid (AIConfigurator).
+  bilinearly in (log n, log k) from the four surrounding measured pairs when the table is a full grid (AIConfigurator);
+  families are tried in priority order, so an AIConfigurator interpolation wins over an exact Vidur shape.
 * Prefill attention: for each ``(kv_dtype, heads, kv_heads, head_dim)``, a (batch x q_len) grid of uniform batches
   without history (AIConfigurator) and/or a (ctx_len x q_len) grid of single chunks with history (Vidur,
   LLMServingSim).
@@ -38,7 +40,7 @@ class Curve1D:
 
     __slots__ = ("lx", "ly", "x0", "y0", "slope")
 
-    def __init__(self, xs, ys) -> None:
+    def __init__(self, xs, ys, max_slope: float = 1.0) -> None:
         s = pd.Series(np.asarray(ys, float)).groupby(np.asarray(xs, float)).median().sort_index()
         s = s[(s.index > 0) & (s.to_numpy() > 0)]
         if len(s) == 0:
@@ -54,7 +56,9 @@ class Curve1D:
             sl = (self.ly[-1] - self.ly[-2]) / (self.lx[-1] - self.lx[-2])
         else:
             sl = 1.0
-        self.slope = min(2.5, max(0.0, sl))
+        # beyond the largest measured size the operator is saturated: time grows linearly with size (up to
+        # ``max_slope``: 2 for causal attention over the sequence length)
+        self.slope = min(max_slope, max(1.0, sl))
 
     @property
     def xmax(self) -> float:
@@ -78,12 +82,12 @@ class Grid2D:
 
     __slots__ = ("la", "rows", "a0", "slope_rows")
 
-    def __init__(self, a, b, t) -> None:
+    def __init__(self, a, b, t, max_slope_b: float = 1.0) -> None:
         df = pd.DataFrame({"a": np.asarray(a, float), "b": np.asarray(b, float), "t": np.asarray(t, float)})
         df = df[(df["a"] > 0) & (df["b"] > 0) & (df["t"] > 0)]
         rows = []
         for av, g in df.groupby("a"):
-            rows.append((float(av), Curve1D(g["b"], g["t"])))
+            rows.append((float(av), Curve1D(g["b"], g["t"], max_slope_b)))
         if not rows:
             raise ValueError("empty grid")
         rows.sort(key=lambda r: r[0])
@@ -99,7 +103,7 @@ class Grid2D:
         if la >= ks[-1]:
             y1 = math.log(self.rows[-1](b))
             y0 = math.log(self.rows[-2](b))
-            sl = min(2.5, max(0.0, (y1 - y0) / (ks[-1] - ks[-2])))
+            sl = min(1.0, max(1.0, (y1 - y0) / (ks[-1] - ks[-2])))
             return math.exp(y1 + sl * (la - ks[-1]))
         i = bisect.bisect_right(ks, la)
         t = (la - ks[i - 1]) / (ks[i] - ks[i - 1])
@@ -197,19 +201,21 @@ class TableSet:
     def __init__(self, obs: Observations, gpu: str) -> None:
         self.gpu = gpu
         self.obs = obs.only(gpu=gpu)
-        self._gemm: dict[str, GemmTable] = {}
+        from lab.costmodel.fit import FAMILY_PRIORITY, family_of
+
+        self._gemm: dict[str, list[GemmTable]] = {}
         g = self.obs.get("gemm")
+        fam = g["source"].map(family_of) if len(g) else pd.Series(dtype=str)
         for dt, d in g.groupby("dtype"):
-            d = _best_family_per_key(d, ["n", "k"])
-            self._gemm[str(dt)] = GemmTable(d)
+            f = fam[d.index]
+            self._gemm[str(dt)] = [GemmTable(d[f == name]) for name in FAMILY_PRIORITY if (f == name).any()]
 
     # ---- GEMM
     def gemm(self, dtype: str, n: int, k: int):
         """(callable m -> s, source) or (None, None)."""
         order = [dtype] + (["fp8_block", "fp8"] if dtype.startswith("fp8") else [])
         for dt in dict.fromkeys(order):
-            t = self._gemm.get(dt)
-            if t is not None:
+            for t in self._gemm.get(dt, []):  # highest-priority family first, exact or interpolated
                 f, src = t.lookup(n, k)
                 if f is not None:
                     return f, f"{src} [{dt}]"
@@ -225,14 +231,15 @@ class TableSet:
         if d.empty:
             return None, None, None, None
         uni = d[d["ctx_len"] == 0]
-        uniform = Grid2D(uni["batch"], uni["q_len"], uni["time_s"]) if len(uni) >= 4 and uni["batch"].nunique() > 1 else None
+        uniform = (Grid2D(uni["batch"], uni["q_len"], uni["time_s"], 2.0)
+                   if len(uni) >= 4 and uni["batch"].nunique() > 1 else None)
         hist = d[(d["batch"] == 1)]
         history = hist0 = None
         if hist["ctx_len"].nunique() > 1:
             h = hist[hist["ctx_len"] > 0]
-            history = Grid2D(h["ctx_len"], h["q_len"], h["time_s"])
+            history = Grid2D(h["ctx_len"], h["q_len"], h["time_s"], 2.0)
             uni1 = hist[hist["ctx_len"] == 0]
-            hist0 = Curve1D(uni1["q_len"], uni1["time_s"]) if len(uni1) else None
+            hist0 = Curve1D(uni1["q_len"], uni1["time_s"], 2.0) if len(uni1) else None
         if uniform is None and history is None:
             return None, None, None, None
         return uniform, history, hist0, str(d["source"].iloc[0]).split(":")[0]
@@ -267,7 +274,7 @@ class TableSet:
         if len(d) < 4:
             return None, None
         x = d["q_len"] if phase == "prefill" else d["kv_len"] + 1
-        return Grid2D(d["batch"], x, d["time_s"]), str(d["source"].iloc[0]).split(":")[0]
+        return Grid2D(d["batch"], x, d["time_s"], 2.0 if phase == "prefill" else 1.0), str(d["source"].iloc[0]).split(":")[0]
 
     # ---- MoE and collectives
     def moe(self, dtype: str, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int):
@@ -297,12 +304,6 @@ class TableSet:
         return Curve1D(d["bytes"], d["time_s"]), str(d["source"].iloc[0]).split(":")[0]
 
 
-def _best_family_per_key(df: pd.DataFrame, key: list[str]) -> pd.DataFrame:
-    from lab.costmodel.fit import FAMILY_PRIORITY, family_of
-
-    fam = df["source"].map(family_of).map(FAMILY_PRIORITY.index)
-    best = fam.groupby([df[k] for k in key]).transform("min")
-    return df[fam == best]
 
 
 def interpolation_holdout(cls: str, df: pd.DataFrame, test: np.ndarray) -> tuple[float, int] | None:
