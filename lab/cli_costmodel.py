@@ -20,7 +20,9 @@ err_console = Console(stderr=True)
 
 
 def _fail(msg: str) -> None:
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False)
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
     raise typer.Exit(2)
 
 
@@ -118,6 +120,11 @@ def cost(experiment: Optional[Path] = typer.Argument(None, help="experiment YAML
     else:
         rows = [{"op": k, "group": "", "calls": 1, "time_s": v, "source": cm.name, "flops": float("nan"),
                  "bytes": float("nan")} for k, v in cm.breakdown(shape).items()]
+    from lab.paths import default_data_dir
+
+    dd = str((data_dir or default_data_dir()).resolve())
+    for r in rows:
+        r["source"] = str(r["source"]).replace(dd, "{data_dir}")
     if as_json:
         print(json.dumps({"model": label, "tokens": shape.num_tokens, "sequences": shape.num_seqs,
                           "step_time_s": total, "operators": rows}, indent=1, default=float))
@@ -171,14 +178,15 @@ def profile(out: Path = typer.Option(..., "--out", "-o", help="folder to write (
             tp: int = typer.Option(1, "--tp", help="TP degree of the model's per-GPU shapes"),
             ops: str = typer.Option("gemm,attention,elementwise", "--ops", help="comma list: gemm, attention, elementwise"),
             quick: bool = typer.Option(False, "--quick", help="a small grid (smoke test)"),
-            repeats: int = typer.Option(20, "--repeats", help="timed runs per shape (median kept)")) -> None:
+            repeats: int = typer.Option(20, "--repeats", help="timed runs per shape (median kept)"),
+            gpu: Optional[str] = typer.Option(None, "--gpu", help="catalog name to record (default: the device's name)")) -> None:
     """Measure operator tables on this machine's GPU with PyTorch (needs the optional extra: pip install
     'servelab[profile]'), in the format `servelab calibrate` and `cost_model.tables` read."""
     from lab.costmodel.profiler import ProfilerUnavailable, run_profile
 
     try:
         written = run_profile(out, device=device, dtype=dtype, model=model, tp=tp, ops=[o.strip() for o in ops.split(",")],
-                              quick=quick, repeats=repeats, log=lambda s: err_console.print(s, highlight=False))
+                              quick=quick, repeats=repeats, gpu=gpu, log=lambda s: err_console.print(s, highlight=False))
     except ProfilerUnavailable as e:
         _fail(str(e))
     except ValueError as e:

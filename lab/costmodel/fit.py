@@ -531,6 +531,11 @@ class CurveSet:
                         c = Curve.from_dict(d)
                     except KeyError as e:
                         raise ValueError(f"{where}: curve {gpu}/{c_name}/{v} lacks field {e}") from None
+                    want = set(FEATURES.get(c_name, ((), ()))[0]) | set(FEATURES.get(c_name, ((), ()))[1])
+                    if c_name not in FEATURES or set(c.knots) != want:
+                        raise ValueError(f"{where}: curve {gpu}/{c_name}/{v} has features {sorted(c.knots)}, this "
+                                         f"servelab expects {sorted(want)}: the file was written by another version; "
+                                         "rerun `servelab calibrate` (docs/costmodel.md gives the command)")
                     c.source = d.get("source", "")
                     cs.add(gpu, c)
         return cs

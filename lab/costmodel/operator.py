@@ -510,27 +510,27 @@ class OperatorCostModel:
                                kv_bytes=dtype_bytes(self.kvdtype))
         return self.mla_dec_curve.time(F, B, {"batch": nd, "heads": self.heads, "kv_len": mean + 1, "bytes": B})
 
-    def _attention_work(self, shape: BatchShape) -> tuple[float, float]:
+    def _attention_work(self, shape: BatchShape) -> tuple[tuple[float, float], tuple[float, float]]:
+        """((FLOPs, bytes) of the prefill part, (FLOPs, bytes) of the decode part) of one layer's attention core
+        (MLA: the un-absorbed prefill and the absorbed FlashMLA decode; projections are separate operators)."""
         m = self.model
-        F = B = 0.0
+        Fp = Bp = Fd = Bd = 0.0
         if m.is_mla:
             d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
             for q, c in zip(shape.prefill_new, shape.prefill_context):
                 f, b = ops.attention_prefill(q, c, self.heads, self.heads, d_qk, d_v, self.heads * (d_qk + d_v) * 2.0)
-                F, B = F + f, B + b
+                Fp, Bp = Fp + f, Bp + b
             if shape.num_decodes:
-                f, b = ops.mla_decode(shape.num_decodes, shape.decode_sum, self.heads, m.kv_lora_rank,
-                                      m.qk_rope_head_dim, self.kv_tok)
-                F, B = F + f, B + b
-            return F, B
+                Fd, Bd = ops.mla_decode(shape.num_decodes, shape.decode_sum, self.heads, m.kv_lora_rank,
+                                        m.qk_rope_head_dim, self.kv_tok)
+            return (Fp, Bp), (Fd, Bd)
         for q, c in zip(shape.prefill_new, shape.prefill_context):
             f, b = ops.attention_prefill(q, c, self.heads, self.kv_heads, m.head_dim, m.head_dim, self.kv_tok)
-            F, B = F + f, B + b
+            Fp, Bp = Fp + f, Bp + b
         if shape.num_decodes:
-            f, b = ops.attention_decode(shape.num_decodes, shape.decode_sum, self.heads, m.head_dim, m.head_dim,
-                                        self.kv_tok)
-            F, B = F + f, B + b
-        return F, B
+            Fd, Bd = ops.attention_decode(shape.num_decodes, shape.decode_sum, self.heads, m.head_dim, m.head_dim,
+                                          self.kv_tok)
+        return (Fp, Bp), (Fd, Bd)
 
     # ------------------------------------------------------------------------------------------ step
     def _token_terms(self, T: int, S: int) -> tuple[float, float, dict[str, float]]:
@@ -610,17 +610,13 @@ class OperatorCostModel:
             rows.append(OpRow(op.name, op.group, op.calls, op.fn(T, S) * op.calls, op.source, f * op.calls,
                               b * op.calls))
         pre, dec = self._attention_layer(shape)
-        F, B = self._attention_work(shape)
+        (Fp, Bp), (Fd, Bd) = self._attention_work(shape)
         name = "attention" if self.mla_mode != "module-table" else "mla_module"
+        n = self.attn_calls
         if shape.prefill_new:
-            rows.append(OpRow(f"{name}_prefill", "attention", self.attn_calls, pre * self.attn_calls,
-                              str(self.pre_src), float("nan"), float("nan")))
+            rows.append(OpRow(f"{name}_prefill", "attention", n, pre * n, str(self.pre_src), Fp * n, Bp * n))
         if shape.num_decodes:
-            rows.append(OpRow(f"{name}_decode", "attention", self.attn_calls, dec * self.attn_calls,
-                              str(self.dec_src), float("nan"), float("nan")))
-        if shape.prefill_new or shape.num_decodes:
-            rows.append(OpRow("(attention FLOPs/bytes, all parts)", "attention", self.attn_calls, 0.0, "",
-                              F * self.attn_calls, B * self.attn_calls))
+            rows.append(OpRow(f"{name}_decode", "attention", n, dec * n, str(self.dec_src), Fd * n, Bd * n))
         if self.enforce_eager:
             rows.append(OpRow("host_launch_bound", "overhead", 1, extra + self._attn_extra(pre, dec) * self.attn_calls,
                               f"eager: {self.cpu_launch_s * 1e6:.1f} us per kernel launch", 0.0, 0.0))
