@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -26,10 +25,6 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
-def _command_line() -> str:
-    return "servelab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-
-
 def calibrate(paths: list[Path] = typer.Argument(..., help="profile folders or files (any supported format)"),
               out: Optional[Path] = typer.Option(None, "--out", "-o", help="coefficients JSON to write"),
               report: Optional[Path] = typer.Option(None, "--report", help="folder for heldout.csv / heldout.md"),
@@ -43,9 +38,21 @@ def calibrate(paths: list[Path] = typer.Argument(..., help="profile folders or f
 
     if out is None and report is None:
         _fail("give --out FILE (coefficients) and/or --report DIR (held-out accuracy)")
+    dd = data_dir or default_data_dir()
+
+    def show(p: Path) -> str:
+        try:
+            return "{data_dir}/" + str(Path(p).resolve().relative_to(dd.resolve()))
+        except ValueError:
+            return str(p)
+
+    command = " ".join(["servelab calibrate", *(shlex.quote(show(p)) for p in paths),
+                        *([f"--out {shlex.quote(str(out))}"] if out else []),
+                        *([f"--report {shlex.quote(str(report))}"] if report else []),
+                        *(f"--gpu {shlex.quote(g)}" for g in (gpu or []))])
     try:
-        _, rep = run_calibration([str(p) for p in paths], out, report, _command_line(),
-                                 data_dir or default_data_dir(), gpu, log=lambda s: err_console.print(s, highlight=False))
+        _, rep = run_calibration([str(p) for p in paths], out, report, command, dd, gpu,
+                                 log=lambda s: err_console.print(s, highlight=False))
     except (ProfileError, ValueError) as e:
         _fail(str(e))
     if rep is not None and len(rep):

@@ -184,7 +184,7 @@ def run_profile(out: Path, device: str = "cuda", dtype: str = "bf16", model: str
         log(f"elementwise: {len(rows)} shapes")
         obs.add("elementwise", pd.DataFrame(rows).assign(gpu=name, source=src))
 
-    meta = {"gpu": name, "device": device, "torch": torch.__version__, "dtype": dtype, "model": model, "tp": tp,
+    meta = {"gpu": name, "device": device, "torch": str(torch.__version__), "dtype": dtype, "model": model, "tp": tp,
             "quick": quick, "repeats": repeats, "date": _dt.date.today().isoformat(),
             "note": "PyTorch eager kernels (cuBLAS GEMM, SDPA attention, unfused elementwise); medians of timed runs"}
     return write_servelab(obs, out, meta)
