@@ -1,0 +1,37 @@
+"""Printed benchmark of the operator cost model's hot path (``step_time``); no test asserts on it.
+
+    .venv/bin/python experiments/costmodel_speed.py
+
+Prints microseconds per call for decode-only steps (the common case: new lengths every call, so only the
+token-count terms are cached) and for mixed prefill + decode steps, for a dense and an MLA/MoE model.
+"""
+
+import time
+
+from lab.costmodel.base import BatchShape
+from lab.costmodel.hardware import load_hardware
+from lab.costmodel.model_arch import load_model
+from lab.costmodel.operator import OperatorCostModel, load_curves
+from lab.costmodel.parallel import Parallelism
+
+
+def bench(label: str, cm: OperatorCostModel, n: int = 20000) -> None:
+    ctx = list(range(500, 500 + 128))
+    t0 = time.perf_counter()
+    for i in range(n):
+        cm.step_time(BatchShape.decode_only(ctx, i, sum(ctx), max(ctx), min(ctx)))
+    dec = (time.perf_counter() - t0) / n * 1e6
+    t0 = time.perf_counter()
+    for i in range(n // 4):
+        cm.step_time(BatchShape.from_requests([512, 256] + [1] * 64, [i, 2 * i] + ctx[:64]))
+    mix = (time.perf_counter() - t0) / (n // 4) * 1e6
+    print(f"{label:40s} decode-only {dec:6.1f} us/step   mixed {mix:6.1f} us/step")
+
+
+if __name__ == "__main__":
+    curves = load_curves()
+    bench("Llama-3.1-8B H100 (fitted curves)",
+          OperatorCostModel(load_model("Llama-3.1-8B"), load_hardware("H100"), curves=curves))
+    bench("DeepSeek-V3 H200 TP8 (fitted curves)",
+          OperatorCostModel(load_model("DeepSeek-V3"), load_hardware("H200"), Parallelism(tp=8), weight_dtype="fp8",
+                            curves=curves))
