@@ -48,6 +48,9 @@ def collect(result: SimResult) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     summary["experiment"] = exp.name
     summary["deployment"] = {
         "model": dep.model.name, "gpu": dep.hardware.name, "tensor_parallel_size": exp.hardware.tensor_parallel_size,
+        "pipeline_parallel_size": exp.hardware.pipeline_parallel_size,
+        "expert_parallel_size": exp.hardware.expert_parallel_size,
+        "data_parallel_size": exp.hardware.data_parallel_size,
         "scheduler": exp.policy.scheduler, "queue": exp.policy.queue, "cost_model": dep.cost_model.name,
         "num_gpu_blocks": dep.num_gpu_blocks, "block_size": exp.engine.block_size,
         "num_gpu_blocks_source": "config" if dep.kv_capacity is None else "derived",

@@ -188,3 +188,12 @@ def test_aiconfigurator_tables_reproduce_grid_points_and_mla_moe_are_covered():
     cm8 = OperatorCostModel(load_model("Llama-3.1-8B"), load_hardware(H100), tables=ts, curves=load_curves())
     t = cm8._decode(32, 32 * 1500, 1500)
     assert 0.0567e-3 < t < 0.0992e-3
+
+
+def test_mtp_module_costs_about_one_moe_layer():
+    ds = OperatorCostModel(load_model("DeepSeek-V3"), load_hardware("H200"), Parallelism(tp=8), weight_dtype="fp8",
+                           curves=load_curves())
+    shape = BatchShape.from_requests([1] * 64, [2000] * 64)
+    per_layer = (ds.step_time(shape) - ds.eff.step_overhead_s) / ds.L
+    assert 0.8 * per_layer < ds.mtp_time(shape) < 3 * per_layer
+    assert llama().mtp_time(shape) == 0.0

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lab.costmodel.hardware import Hardware
-from lab.costmodel.model_arch import ModelArch, dtype_bytes
+from lab.costmodel.model_arch import ModelArch
 
 # Fitted: RTX 4090 run, 25,250,627,584 B x 0.9 - 16,059,990,016 B weights - 2588.5 x 2,097,152 B KV leaves
 # 1,237.1 MB for activations + everything else; minus this module's activation estimate for that run (367.5 MB)

@@ -313,7 +313,7 @@ class OperatorCostModel:
             self.dec_curve, self.dec_src = c, (src or "roofline")
 
     def _setup_mla(self, add_gemm, add_elem) -> None:
-        m, p = self.model, self.par
+        m = self.model
         h, H = m.hidden_size, self.heads
         r, rope, nope, dv, rq = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.q_lora_rank
         self.attn_calls = self.L
@@ -632,11 +632,13 @@ class OperatorCostModel:
         if not m.num_mtp_layers or shape.num_tokens == 0:
             return 0.0
         T, S = shape.num_tokens, shape.num_seqs
-        layers = self.L
-        per_layer = 0.0
-        for op in self.tok_ops:
-            if op.calls in (layers, self.L_moe) and op.calls > 1:
-                per_layer += op.fn(T, S)
+        per_call = {"norms": 2, "qkv_proj": 1, "o_proj": 1, "rope": 1, "qk_norm": 1, "qkv_a_proj": 1, "q_b_proj": 1,
+                    "q_proj": 1, "q_kv_a_norms": 1, "kv_a_norm": 1, "router": 1, "moe_experts": 1,
+                    "shared_gate_up": 1, "shared_act": 1, "shared_down": 1, "ep_alltoall": 1,
+                    "allreduce": 2 if self.par.ep == 1 else 1}
+        if not m.is_moe:
+            per_call.update({"gate_up_proj": 1, "act": 1, "down_proj": 1})
+        per_layer = sum(op.fn(T, S) * per_call[op.name] for op in self.tok_ops if op.name in per_call)
         pre, dec = self._attention_layer(shape)
         eh, _, _ = self._gemm_fn(m.hidden_size, 2 * m.hidden_size)
         head = sum(op.fn(T, S) for op in self.tok_ops if op.name in ("lm_head", "sampler", "logits_gather"))
