@@ -38,7 +38,7 @@ FEATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "attn_decode": (("units", "head_dim"), ("kv_len", "kv_units", "bytes")),
     "mla_prefill": (("q_len", "batch", "heads"), ("bytes",)),
     "mla_decode": (("batch", "heads"), ("kv_len", "bytes")),
-    "moe": (("rows_per_expert", "rows", "inter"), ("bytes", "experts_local")),
+    "moe": (("rows_per_expert", "rows", "inter", "hidden", "topk"), ("bytes", "experts_local", "tokens", "rows_per_expert")),
     "allreduce": ((), ("bytes",)),
     "sendrecv": ((), ("bytes",)),
     "elementwise": ((), ("bytes",)),
@@ -134,7 +134,7 @@ def work(cls: str, df: pd.DataFrame | dict) -> tuple[np.ndarray, np.ndarray, dic
         F, B = ops.moe_experts(T, h, i / tp, k, E, ep, wb, wb)
         rows = T * k / ep
         return F, B, {"rows_per_expert": np.maximum(rows / (E / ep), 1e-3), "rows": np.maximum(rows, 1e-3),
-                      "inter": i / tp, "bytes": B, "experts_local": E / ep}
+                      "inter": i / tp, "hidden": h, "topk": k, "tokens": T, "bytes": B, "experts_local": E / ep}
     if cls == "allreduce":
         n = g("gpus").astype(float)
         B = 2.0 * (n - 1) / n * g("bytes").astype(float)

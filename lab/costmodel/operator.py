@@ -375,7 +375,8 @@ class OperatorCostModel:
                     F, B = ops.moe_experts(T, h, i_r, k, E, p.ep, wb, wb)
                     rows = T * k / p.ep
                     return c.time(F, B, {"rows_per_expert": max(rows / (E / p.ep), 1e-3), "rows": max(rows, 1e-3),
-                                         "inter": i_r, "bytes": B, "experts_local": E / p.ep})
+                                         "inter": i_r, "hidden": h, "topk": k, "tokens": T, "bytes": B,
+                                         "experts_local": E / p.ep})
                 src = s
             else:
                 e = self.eff
