@@ -78,7 +78,7 @@ def run_calibration(paths: list[str | Path], out: Path | None, report_dir: Path 
     }
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(curves.to_json(), indent=1, sort_keys=False) + "\n")
+        out.write_text(dumps_coefficients(curves.to_json()))
         log(f"wrote {out} ({len(curves.curves)} curves, {out.stat().st_size / 1024:.0f} KiB)")
     rep = None
     if report_dir is not None:
@@ -86,6 +86,25 @@ def run_calibration(paths: list[str | Path], out: Path | None, report_dir: Path 
         write_holdout(rep, report_dir, command)
         log(f"wrote {report_dir}/heldout.csv and heldout.md")
     return curves, rep
+
+
+def dumps_coefficients(data: dict) -> str:
+    """The coefficients JSON with the note indented and one line per curve (small and diff-friendly)."""
+    lines = ["{", ' "note": ' + json.dumps(data["note"], indent=1).replace("\n", "\n ") + ",", ' "curves": {']
+    gpus = list(data["curves"].items())
+    for gi, (gpu, classes) in enumerate(gpus):
+        lines.append(f"  {json.dumps(gpu)}: {{")
+        cls_items = list(classes.items())
+        for ci, (cls, variants) in enumerate(cls_items):
+            lines.append(f"   {json.dumps(cls)}: {{")
+            v_items = list(variants.items())
+            for vi, (v, curve) in enumerate(v_items):
+                comma = "," if vi < len(v_items) - 1 else ""
+                lines.append(f"    {json.dumps(v)}: {json.dumps(curve, separators=(',', ':'))}{comma}")
+            lines.append("   }" + ("," if ci < len(cls_items) - 1 else ""))
+        lines.append("  }" + ("," if gi < len(gpus) - 1 else ""))
+    lines += [" }", "}"]
+    return "\n".join(lines) + "\n"
 
 
 def write_holdout(rep: pd.DataFrame, folder: Path, command: str) -> None:
