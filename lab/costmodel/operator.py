@@ -44,7 +44,7 @@ from typing import Callable
 from lab.costmodel import ops
 from lab.costmodel.base import BatchShape
 from lab.costmodel.fit import Curve, CurveSet, mla_module_work
-from lab.costmodel.hardware import Hardware, fit_proxy, load_hardware
+from lab.costmodel.hardware import Hardware, fit_proxy
 from lab.costmodel.model_arch import ModelArch, dtype_bytes
 from lab.costmodel.parallel import Parallelism
 from lab.costmodel.roofline import Efficiency
@@ -671,10 +671,6 @@ def load_curves(path=None) -> CurveSet:
         raise ValueError(f"cost_model.coefficients: {p} is not JSON: {e}") from None
     return CurveSet.from_json(data, str(p))
 
-
-def hardware_for(name: str) -> Hardware:
-    """Catalog GPU by name or alias (re-exported for callers of this module)."""
-    return load_hardware(name)
 
 
 def build_operator_cost_model(exp, model: ModelArch, hw: Hardware) -> OperatorCostModel:

@@ -80,7 +80,7 @@ class Grid2D:
     """Rows keyed by ``a`` (e.g. batch), each a :class:`Curve1D` over ``b`` (e.g. sequence length); log-linear
     between rows, slope-extended above the largest ``a``, clamped below the smallest."""
 
-    __slots__ = ("la", "rows", "a0", "slope_rows")
+    __slots__ = ("la", "rows", "a0")
 
     def __init__(self, a, b, t, max_slope_b: float = 1.0) -> None:
         df = pd.DataFrame({"a": np.asarray(a, float), "b": np.asarray(b, float), "t": np.asarray(t, float)})
@@ -110,9 +110,6 @@ class Grid2D:
         y0 = math.log(self.rows[i - 1](b))
         y1 = math.log(self.rows[i](b))
         return math.exp(y0 + t * (y1 - y0))
-
-    def contains_a(self, a: float) -> bool:
-        return math.exp(self.la[0]) <= a <= math.exp(self.la[-1])
 
 
 class AlignedCurve:
