@@ -1,9 +1,9 @@
-"""Printed benchmark of the operator cost model's hot path (``step_time``), no test asserts on it.
+"""Printed benchmark of the operator cost model's hot path (``step_time``); no test asserts on it.
 
     .venv/bin/python experiments/costmodel_speed.py
 
-Prints microseconds per call for decode-only steps (the common case, new lengths every call so nothing is
-cached but the token terms) and mixed steps, for a dense and an MLA/MoE model.
+Prints microseconds per call for decode-only steps (the common case: new lengths every call, so only the
+token-count terms are cached) and for mixed prefill + decode steps, for a dense and an MLA/MoE model.
 """
 
 import time
@@ -30,7 +30,8 @@ def bench(label: str, cm: OperatorCostModel, n: int = 20000) -> None:
 
 if __name__ == "__main__":
     curves = load_curves()
-    bench("Llama-3.1-8B H100 (fitted curves)", OperatorCostModel(load_model("Llama-3.1-8B"), load_hardware("H100"),
-                                                                 curves=curves))
-    bench("DeepSeek-V3 H200 TP8 (fitted curves)", OperatorCostModel(load_model("DeepSeek-V3"), load_hardware("H200"),
-                                                                    Parallelism(tp=8), weight_dtype="fp8", curves=curves))
+    bench("Llama-3.1-8B H100 (fitted curves)",
+          OperatorCostModel(load_model("Llama-3.1-8B"), load_hardware("H100"), curves=curves))
+    bench("DeepSeek-V3 H200 TP8 (fitted curves)",
+          OperatorCostModel(load_model("DeepSeek-V3"), load_hardware("H200"), Parallelism(tp=8), weight_dtype="fp8",
+                            curves=curves))

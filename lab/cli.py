@@ -279,5 +279,9 @@ def policies() -> None:
     console.print("A user policy: policy.scheduler (or cluster.router) = path/to/file.py:ClassName")
 
 
+from lab.cli_costmodel import register as _register_costmodel  # noqa: E402
+
+_register_costmodel(app)
+
 if __name__ == "__main__":
     app()

@@ -84,10 +84,13 @@ class ModelConfig(_Strict):
 
 
 class HardwareConfig(_Strict):
-    """The GPU of one instance and its parallelism."""
+    """The GPU of one instance and its parallelism (lab/costmodel/parallel.py; vLLM's argument names)."""
 
     gpu: str = "H100-SXM5-80GB"
     tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1, description="pipeline stages per instance")
+    expert_parallel_size: int = Field(1, ge=1, description="GPUs the MoE experts are split over (= TP x DP)")
+    data_parallel_size: int = Field(1, ge=1, description="attention DP ranks sharing the experts; one instance each")
     link_gbps: float | None = Field(None, gt=0, description="override the catalog's per-GPU link bandwidth (GB/s)")
     link_latency_us: float = Field(10.0, ge=0, description="collective latency per call (µs)")
 
@@ -174,12 +177,17 @@ class ClusterConfig(_Strict):
 
 
 class CostModelConfig(_Strict):
-    """Where step times come from: ``roofline`` (analytic) or ``llmservingsim_profile`` (measured layer tables)."""
+    """Where step times come from: ``roofline`` (analytic), ``llmservingsim_profile`` (measured layer tables) or
+    ``operator`` (per-operator: measured tables, fitted curves, roofline; see docs/costmodel.md)."""
 
-    kind: Literal["roofline", "llmservingsim_profile"] = "roofline"
+    kind: Literal["roofline", "llmservingsim_profile", "operator"] = "roofline"
     profile_dir: str | None = None
     use_skew: bool = True
     efficiency: EfficiencyConfig = EfficiencyConfig()
+    tables: list[str] = Field(default_factory=list, description="operator: measured profile folders of this GPU")
+    coefficients: str | None = Field(None, description="operator: fitted-curve file (default: the shipped one)")
+    moe_imbalance: float = Field(1.0, ge=1.0, description="operator: busiest / mean routed-expert load")
+    cpu_launch_us: float = Field(6.0, ge=0, description="operator: host time per kernel launch in eager mode (µs)")
 
     @model_validator(mode="after")
     def _profile_needed(self) -> "CostModelConfig":
@@ -248,6 +256,21 @@ class Experiment(_Strict):
     def _policy_shorthand(cls, v: Any) -> Any:
         """``policy: NAME`` or ``policy: path/to/file.py:Class`` is short for ``policy: {scheduler: ...}``."""
         return {"scheduler": v} if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _parallelism(self) -> "Experiment":
+        h = self.hardware
+        tp, pp, ep, dp = h.tensor_parallel_size, h.pipeline_parallel_size, h.expert_parallel_size, h.data_parallel_size
+        if ep > 1 and ep != tp * dp:
+            raise ValueError(f"hardware.expert_parallel_size ({ep}) must equal tensor_parallel_size x "
+                             f"data_parallel_size ({tp} x {dp}), as vLLM requires, or be 1")
+        if dp > 1 and self.cluster.num_instances % dp:
+            raise ValueError(f"cluster.num_instances ({self.cluster.num_instances}) must be a multiple of "
+                             f"hardware.data_parallel_size ({dp}): each DP rank is one instance")
+        if (pp > 1 or ep > 1) and self.cost_model.kind != "operator":
+            raise ValueError("hardware.pipeline_parallel_size / expert_parallel_size > 1 need cost_model.kind "
+                             "'operator' (the roofline and LLMServingSim models know only TP)")
+        return self
 
     # Set by load_experiment: where relative paths resolve.
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)

@@ -103,6 +103,9 @@ def collect(result: SimResult, steps: pd.DataFrame | None = None) -> tuple[pd.Da
     summary["deployment"] = {
         "model": dep.model.name, "gpu": dep.hardware.name, "tensor_parallel_size": exp.hardware.tensor_parallel_size,
         "num_instances": len(result.instances),
+        "pipeline_parallel_size": exp.hardware.pipeline_parallel_size,
+        "expert_parallel_size": exp.hardware.expert_parallel_size,
+        "data_parallel_size": exp.hardware.data_parallel_size,
         "scheduler": exp.policy.scheduler, "queue": exp.policy.queue, "cost_model": dep.cost_model.name,
         "scheduler_options": dict(exp.policy.options), "preemption": exp.policy.preemption.model_dump(),
         "num_instances": exp.cluster.num_instances, "router": exp.cluster.router,

@@ -154,7 +154,8 @@ def build_deployment(exp: Experiment) -> Deployment:
         derived = derive_num_gpu_blocks(
             model, hw, block_size=e.block_size, gpu_memory_utilization=pick("gpu_memory_utilization"),
             max_num_batched_tokens=mbt, max_num_seqs=e.max_num_seqs, tp=tp, kv_dtype=kv_dtype,
-            weight_dtype=m.dtype)
+            weight_dtype=m.dtype, pp=exp.hardware.pipeline_parallel_size, ep=exp.hardware.expert_parallel_size,
+            dp=exp.hardware.data_parallel_size)
     except ValueError:
         if e.num_gpu_blocks is None:
             raise
@@ -190,6 +191,10 @@ def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware) -> CostMod
         return LLMServingSimProfileCostModel(exp.path(c.profile_dir, "cost_model.profile_dir"), model, tp=tp,  # type: ignore[arg-type]
                                              link_bandwidth=link, link_latency_s=exp.hardware.link_latency_us * 1e-6,
                                              use_skew=c.use_skew)
+    if c.kind == "operator":
+        from lab.costmodel.operator import build_operator_cost_model
+
+        return build_operator_cost_model(exp, model, hw)
     over = {k: v for k, v in c.efficiency.model_dump().items() if v is not None}
     eff = Efficiency(**over)
     kv_dtype = exp.model.dtype if exp.model.kv_cache_dtype == "auto" else exp.model.kv_cache_dtype

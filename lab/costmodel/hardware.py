@@ -67,3 +67,11 @@ def load_hardware(name: str) -> Hardware:
                 pcie_bandwidth=float(e["pcie_gbps"]) * 1e9,
             )
     raise ValueError(f"hardware {name!r} is not in the catalog; known: {', '.join(sorted(cat))}")
+
+
+def fit_proxy(name: str) -> Hardware | None:
+    """The GPU whose fitted efficiency curves ``name`` borrows (catalog field ``fit_proxy``: same silicon, e.g.
+    H800 -> H100), or None."""
+    key = load_hardware(name).name
+    proxy = _catalog()[key].get("fit_proxy")
+    return load_hardware(proxy) if proxy else None

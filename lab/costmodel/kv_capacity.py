@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lab.costmodel.hardware import Hardware
-from lab.costmodel.model_arch import ModelArch, dtype_bytes
+from lab.costmodel.model_arch import ModelArch
 
 # Fitted: RTX 4090 run, 25,250,627,584 B x 0.9 - 16,059,990,016 B weights - 2588.5 x 2,097,152 B KV leaves
 # 1,237.1 MB for activations + everything else; minus this module's activation estimate for that run (367.5 MB)
@@ -45,42 +45,60 @@ class KVCapacity:
 
 
 def bytes_per_block(model: ModelArch, block_size: int, kv_dtype: str = "bf16", tp: int = 1,
-                    extra_layers: int = 0) -> int:
-    """KV bytes of one block on one rank: per-token bytes of every layer (plus drafter layers) x block_size."""
-    per_token = model.kv_bytes_per_token(kv_dtype, tp)
-    per_layer = per_token // model.num_layers
+                    extra_layers: int = 0, pp: int = 1) -> int:
+    """KV bytes of one block on one rank: per-token bytes of every layer of the largest pipeline stage (plus
+    drafter layers) x block_size."""
+    per_token = model.kv_bytes_per_token(kv_dtype, tp, pp)
+    per_layer = model.kv_bytes_per_token_per_layer(kv_dtype, tp)
     return (per_token + extra_layers * per_layer) * block_size
 
 
-def activation_peak_bytes(model: ModelArch, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1) -> int:
-    """Peak activation memory of vLLM's profile run (see module docstring), bytes."""
+def activation_peak_bytes(model: ModelArch, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1,
+                          ep: int = 1, dp: int = 1) -> int:
+    """Peak activation memory of vLLM's profile run (see module docstring), bytes. With EP the MoE block sees
+    the tokens of all ``dp`` ranks and its experts are not TP-split."""
     h = model.hidden_size
-    width = model.intermediate_size if not model.is_moe else model.moe_intermediate_size * model.experts_per_token
-    width //= tp
+    if model.is_moe and ep > 1:
+        width = model.moe_intermediate_size * model.experts_per_token * dp // ep
+    else:
+        width = model.intermediate_size if not model.is_moe else model.moe_intermediate_size * model.experts_per_token
+        width //= tp
     forward = max_num_batched_tokens * (2 * h + 3 * width) * 2
     sampler = max_num_seqs * (model.vocab_size // tp if tp > 1 else model.vocab_size) * 4 * 2
     return max(forward, sampler) + min(forward, sampler) // 2
+
+
+def nccl_bytes(group: int) -> int:
+    """Device memory NCCL takes for a communicator over ``group`` GPUs: 0 alone, 342 MiB for 2, 392 MiB for 4+
+    (AIConfigurator systems/h100_sxm.yaml and h200_sxm.yaml ``misc.nccl_mem``, an empirical correction)."""
+    if group <= 1:
+        return 0
+    return 358_612_992 if group == 2 else 411_041_792
 
 
 def derive_num_gpu_blocks(model: ModelArch, hardware: Hardware, *, block_size: int = 16,
                           gpu_memory_utilization: float = 0.92, max_num_batched_tokens: int = 8192,
                           max_num_seqs: int = 256, tp: int = 1, kv_dtype: str = "bf16",
                           weight_dtype: str | None = None, non_torch_bytes: int = DEFAULT_NON_TORCH_BYTES,
-                          extra_layers: int = 0) -> KVCapacity:
-    """Derive ``num_gpu_blocks`` for one rank.
+                          extra_layers: int = 0, pp: int = 1, ep: int = 1, dp: int = 1) -> KVCapacity:
+    """Derive ``num_gpu_blocks`` for one rank of an instance split ``tp x pp`` (experts over ``ep`` GPUs shared
+    by ``dp`` attention ranks): the most loaded GPU's weights (lab/costmodel/model_arch.py
+    ``weight_bytes_per_rank``: FP8 linear layers, 16-bit embeddings, experts split over EP) and its stage's KV
+    bytes per block; NCCL's memory is added to ``non_torch_bytes`` when the instance spans several GPUs.
 
     Raises:
         ValueError: if the weights and activations leave no room for even two blocks (the model does not fit).
     """
     requested = int(hardware.memory_bytes * gpu_memory_utilization)
-    weights = model.weight_bytes(weight_dtype, tp)
-    act = activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
+    weights = model.weight_bytes_per_rank(weight_dtype, tp, pp, ep, dp, include_mtp=extra_layers > 0)
+    act = activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs, tp, ep, dp)
+    non_torch_bytes = non_torch_bytes + nccl_bytes(max(tp * pp, ep))
     avail = requested - weights - act - non_torch_bytes
-    bpb = bytes_per_block(model, block_size, kv_dtype, tp, extra_layers)
+    bpb = bytes_per_block(model, block_size, kv_dtype, tp, extra_layers, pp)
     blocks = avail // bpb
     if blocks < 2:
         raise ValueError(
-            f"{model.name} does not fit on {hardware.name} x tp{tp}: {requested / 1e9:.1f} GB requested "
+            f"{model.name} does not fit on {hardware.name} x tp{tp} pp{pp} ep{ep}: {requested / 1e9:.1f} GB requested "
             f"(gpu_memory_utilization {gpu_memory_utilization}) - {weights / 1e9:.1f} GB weights - "
             f"{act / 1e9:.2f} GB activations - {non_torch_bytes / 1e9:.2f} GB other leaves no room for the KV cache")
     return KVCapacity(int(blocks), bpb, requested, weights, act, non_torch_bytes, int(avail))

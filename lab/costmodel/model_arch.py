@@ -65,6 +65,7 @@ class ModelArch:
     v_head_dim: int = 0
     num_mtp_layers: int = 0
     weight_dtype: str = "bf16"
+    qk_norm: bool = False
 
     @property
     def is_mla(self) -> bool:
@@ -122,27 +123,117 @@ class ModelArch:
         per_moe = (self.experts_per_token + self.num_shared_experts) * self.expert_params() + self.hidden_size * self.num_experts
         return emb + head + attn + dense_layers * self.dense_mlp_params() + self.num_moe_layers * per_moe
 
+    def mtp_params(self) -> int:
+        """Weights of the multi-token-prediction modules (DeepSeek-V3 ``num_nextn_predict_layers``), embedding and
+        head excluded (they are shared with the main model): per module an ``eh_proj`` (2h x h) and one decoder
+        layer of the MoE kind. DeepSeek-V3: 11.6 B (its README_WEIGHTS: 11.5 B unique MTP parameters)."""
+        if not self.num_mtp_layers:
+            return 0
+        h = self.hidden_size
+        mlp = ((self.num_experts + self.num_shared_experts) * self.expert_params() + h * self.num_experts
+               if self.is_moe else self.dense_mlp_params())
+        return self.num_mtp_layers * (2 * h * h + self.attention_params_per_layer() + mlp)
+
+    # ---- per-rank shares (vLLM sharding; see lab/costmodel/parallel.py) ----
+    def attention_params_per_rank(self, tp: int = 1) -> int:
+        """Attention weights of one layer held by one TP rank.
+
+        GQA/MHA: q and o split by heads; k and v split by KV heads, replicated when there are fewer KV heads than
+        ranks (each rank keeps max(1, Hkv/tp) heads). MLA (vLLM DeepseekV2MLAAttention): the fused q_a/kv_a
+        projection (h x (r_q + r_kv + d_rope)) is replicated, q_b, kv_b and o are split by heads.
+        """
+        h = self.hidden_size
+        heads = max(1, self.num_heads // tp)
+        if self.is_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            a = h * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim) if self.q_lora_rank else \
+                h * (self.kv_lora_rank + self.qk_rope_head_dim)
+            qb = (self.q_lora_rank or h) * heads * qk
+            kvb = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+            return a + qb + kvb + heads * self.v_head_dim * h
+        kv_heads = max(1, self.num_kv_heads // tp)
+        return h * (heads + 2 * kv_heads) * self.head_dim + heads * self.head_dim * h
+
+    def weight_bytes_per_rank(self, dtype: str | None = None, tp: int = 1, pp: int = 1, ep: int = 1,
+                              dp: int = 1, include_mtp: bool = False) -> int:
+        """Weight bytes on the most loaded GPU of an instance split ``tp x pp`` (experts over ``ep``).
+
+        Linear layers are stored in ``dtype``; the embedding, LM head and MoE router stay 16-bit (FP8 checkpoints
+        and vLLM's FP8 quantization leave them unquantized). Embedding and head are vocab-parallel over TP and live
+        on the first and last pipeline stage. Dense MLPs and shared experts split over TP; routed experts split
+        their width over TP without EP, and whole experts over the ``ep`` GPUs with EP. Norm weights and biases are
+        ignored (< 0.01 %). With ``include_mtp`` the MTP modules sit on the last stage.
+        """
+        from lab.costmodel.parallel import Parallelism
+
+        par = Parallelism(tp, pp, ep, dp)
+        wb = dtype_bytes(dtype or self.weight_dtype)
+        h = self.hidden_size
+        attn = self.attention_params_per_rank(tp)
+        dense_mlp = self.dense_mlp_params() // tp
+        moe_lin = 0
+        router = 0
+        if self.is_moe:
+            experts_local = self.num_experts // ep if ep > 1 else self.num_experts
+            moe_lin = experts_local * self.expert_params() // par.moe_tp + self.num_shared_experts * self.expert_params() // tp
+            router = h * self.num_experts
+        emb = self.vocab_size * h // tp
+        first_dense = self.first_k_dense_layers if self.is_moe else self.num_layers
+        worst = 0
+        start = 0
+        stages = par.stage_layers(self.num_layers)
+        for s, n in enumerate(stages):
+            layers = range(start, start + n)
+            start += n
+            n_dense = sum(1 for i in layers if i < first_dense)
+            n_moe = n - n_dense
+            lin = n * attn + n_dense * dense_mlp + n_moe * moe_lin
+            b16 = n_moe * router
+            if s == 0:
+                b16 += emb
+            if s == len(stages) - 1:
+                b16 += 0 if (self.tie_word_embeddings and len(stages) == 1) else emb
+                if include_mtp and self.num_mtp_layers:
+                    mtp_lin = self.num_mtp_layers * (2 * h * h + attn + (moe_lin if self.is_moe else dense_mlp))
+                    lin += mtp_lin
+                    b16 += self.num_mtp_layers * router
+            worst = max(worst, lin * wb + b16 * 2)
+        return worst
+
     # ---- KV cache ----
     def kv_elements_per_token_per_layer(self) -> int:
         if self.is_mla:
             return self.kv_lora_rank + self.qk_rope_head_dim
         return 2 * self.num_kv_heads * self.head_dim
 
-    def kv_bytes_per_token(self, kv_dtype: str = "bf16", tp: int = 1) -> int:
-        """KV-cache bytes per token summed over all layers on one TP rank.
-
-        GQA heads are split over TP ranks (at least one KV head per rank); the MLA latent cache is replicated on
-        every rank. Example: DeepSeek-V3 bf16 = (512 + 64) · 61 · 2 = 70,272 B.
-        """
+    def kv_bytes_per_token_per_layer(self, kv_dtype: str = "bf16", tp: int = 1) -> int:
+        """KV-cache bytes one token takes in one layer on one TP rank (see :meth:`kv_bytes_per_token`)."""
         b = dtype_bytes(kv_dtype)
         if self.is_mla:
-            return self.kv_elements_per_token_per_layer() * self.num_layers * b
-        kv_heads = max(1, self.num_kv_heads // tp)
-        return 2 * kv_heads * self.head_dim * self.num_layers * b
+            return self.kv_elements_per_token_per_layer() * b
+        return 2 * max(1, self.num_kv_heads // tp) * self.head_dim * b
+
+    def kv_bytes_per_token(self, kv_dtype: str = "bf16", tp: int = 1, pp: int = 1) -> int:
+        """KV-cache bytes per token summed over the layers of one rank (the largest pipeline stage).
+
+        GQA heads are split over TP ranks (at least one KV head per rank); the MLA latent cache is replicated on
+        every rank. Example: DeepSeek-V3 bf16 = (512 + 64) · 61 · 2 = 70,272 B; fp8 (vLLM ``fp8_e4m3``) 35,136 B.
+        """
+        layers = max(_split(self.num_layers, pp))
+        return self.kv_bytes_per_token_per_layer(kv_dtype, tp) * layers
 
     def weight_bytes(self, dtype: str | None = None, tp: int = 1) -> int:
-        """Weight bytes per TP rank (embedding and head are vocab-parallel, so they split too)."""
+        """Weight bytes per TP rank (embedding and head are vocab-parallel, so they split too).
+
+        Kept for callers of the first version; :meth:`weight_bytes_per_rank` accounts for replication, PP, EP and
+        16-bit embeddings.
+        """
         return self.params_total() * dtype_bytes(dtype or self.weight_dtype) // tp
+
+
+def _split(n: int, parts: int) -> list[int]:
+    base, extra = divmod(n, parts)
+    return [base + (1 if s < extra else 0) for s in range(parts)]
 
 
 def _from_hf(name: str, cfg: dict[str, Any], where: str) -> ModelArch:
@@ -179,8 +270,15 @@ def _from_hf(name: str, cfg: dict[str, Any], where: str) -> ModelArch:
         qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
         v_head_dim=int(cfg.get("v_head_dim") or 0),
         num_mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
-        weight_dtype=str(cfg.get("weight_dtype") or "bf16"),
+        weight_dtype=str(cfg.get("weight_dtype") or _checkpoint_dtype(cfg)),
+        qk_norm=str(cfg.get("model_type", "")) in ("qwen3", "qwen3_moe"),
     )
+
+
+def _checkpoint_dtype(cfg: dict[str, Any]) -> str:
+    """"fp8" for a natively FP8 checkpoint (Hugging Face ``quantization_config.quant_method == 'fp8'``)."""
+    q = cfg.get("quantization_config") or {}
+    return "fp8" if isinstance(q, dict) and q.get("quant_method") == "fp8" else "bf16"
 
 
 @lru_cache(maxsize=1)

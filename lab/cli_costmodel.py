@@ -1,0 +1,229 @@
+"""Cost-model commands of the ``servelab`` CLI: ``calibrate``, ``profile``, ``cost`` and ``costcheck``.
+
+Registered on the main typer app by :func:`register` (lab/cli.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(msg: str) -> None:
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
+    raise typer.Exit(2)
+
+
+def calibrate(paths: list[Path] = typer.Argument(..., help="profile folders or files (any supported format)"),
+              out: Optional[Path] = typer.Option(None, "--out", "-o", help="coefficients JSON to write"),
+              report: Optional[Path] = typer.Option(None, "--report", help="folder for heldout.csv / heldout.md"),
+              gpu: Optional[list[str]] = typer.Option(None, "--gpu", help="only these GPUs (repeatable)"),
+              data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="shown as {data_dir} in the note")) -> None:
+    """Fit efficiency curves from measured profiles (AIConfigurator parquet, Vidur CSV, LLMServingSim CSV or
+    servelab profile folders) and write a coefficients file and a held-out accuracy report."""
+    from lab.costmodel.calibrate import run_calibration
+    from lab.costmodel.profiles import ProfileError
+    from lab.paths import default_data_dir
+
+    if out is None and report is None:
+        _fail("give --out FILE (coefficients) and/or --report DIR (held-out accuracy)")
+    dd = data_dir or default_data_dir()
+
+    def show(p: Path) -> str:
+        try:
+            return "{data_dir}/" + str(Path(p).resolve().relative_to(dd.resolve()))
+        except ValueError:
+            return str(p)
+
+    command = " ".join(["servelab calibrate", *(shlex.quote(show(p)) for p in paths),
+                        *([f"--out {shlex.quote(str(out))}"] if out else []),
+                        *([f"--report {shlex.quote(str(report))}"] if report else []),
+                        *(f"--gpu {shlex.quote(g)}" for g in (gpu or []))])
+    try:
+        _, rep = run_calibration([str(p) for p in paths], out, report, command, dd, gpu,
+                                 log=lambda s: err_console.print(s, highlight=False))
+    except (ProfileError, ValueError) as e:
+        _fail(str(e))
+    if rep is not None and len(rep):
+        t = Table(title="held-out MAPE % (fitted curve / table interpolation)")
+        for c in ("GPU", "class", "variant", "family", "test rows", "curve", "table"):
+            t.add_column(c)
+        for r in rep.itertuples():
+            t.add_row(r.gpu, r.op_class, r.variant, r.family, str(r.test_rows), f"{r.fit_mape_pct:.1f}",
+                      "–" if r.table_mape_pct != r.table_mape_pct or r.table_mape_pct is None else f"{r.table_mape_pct:.1f}")
+        console.print(t)
+
+
+def _parse_prefill(items: list[str]) -> tuple[list[int], list[int]]:
+    qs, cs = [], []
+    for it in items:
+        try:
+            if ":" in it:
+                q, c = it.split(":", 1)
+                qs.append(int(q))
+                cs.append(int(c))
+            else:
+                qs.append(int(it))
+                cs.append(0)
+        except ValueError:
+            _fail(f"--prefill {it!r}: expected NEW[:CACHED] token counts, e.g. 2048 or 512:4096")
+        if qs[-1] < 2 or cs[-1] < 0:
+            _fail(f"--prefill {it!r}: a prefill chunk has at least 2 new tokens (1 is a decode)")
+    return qs, cs
+
+
+def _parse_decode(items: list[str]) -> list[int]:
+    out: list[int] = []
+    for it in items:
+        try:
+            n, length = it.split(":", 1) if ":" in it else ("1", it)
+            out += [int(length)] * int(n)
+        except ValueError:
+            _fail(f"--decode {it!r}: expected COUNT:KV_LENGTH, e.g. 64:2048")
+    return out
+
+
+def cost(experiment: Optional[Path] = typer.Argument(None, help="experiment YAML (its model, GPU and cost model)"),
+         model: Optional[str] = typer.Option(None, "--model", help="catalog model (without an experiment)"),
+         hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="a Hugging Face config.json"),
+         gpu: Optional[str] = typer.Option(None, "--gpu", help="catalog GPU (without an experiment)"),
+         tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"), ep: int = typer.Option(1, "--ep"),
+         dp: int = typer.Option(1, "--dp"),
+         dtype: str = typer.Option("bf16", "--dtype", help="weight dtype: bf16 or fp8"),
+         kv_dtype: str = typer.Option("auto", "--kv-dtype", help="auto (= dtype), bf16 or fp8"),
+         tables: Optional[list[Path]] = typer.Option(None, "--tables", help="measured profile folder (repeatable)"),
+         coefficients: Optional[Path] = typer.Option(None, "--coefficients", help="fitted curves (default shipped)"),
+         prefill: Optional[list[str]] = typer.Option(None, "--prefill", help="prefill chunk NEW[:CACHED] (repeatable)"),
+         decode: Optional[list[str]] = typer.Option(None, "--decode", help="decodes COUNT:KV_LENGTH (repeatable)"),
+         data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
+         as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
+    """Print the step time of one batch shape, operator by operator, with each operator's source."""
+    from lab.costmodel.base import BatchShape
+
+    qs, cs = _parse_prefill(prefill or [])
+    dec = _parse_decode(decode or [])
+    if not qs and not dec:
+        _fail("give the batch: --prefill NEW[:CACHED] and/or --decode COUNT:KV_LENGTH")
+    shape = BatchShape.from_requests(qs + [1] * len(dec), cs + dec)
+    try:
+        cm, label = _cost_model(experiment, model, hf_config, gpu, tp, pp, ep, dp, dtype, kv_dtype, tables,
+                                coefficients, data_dir)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    total = cm.step_time(shape)
+    if hasattr(cm, "explain"):
+        rows = [r.__dict__ for r in cm.explain(shape)]
+    else:
+        rows = [{"op": k, "group": "", "calls": 1, "time_s": v, "source": cm.name, "flops": float("nan"),
+                 "bytes": float("nan")} for k, v in cm.breakdown(shape).items()]
+    from lab.paths import default_data_dir
+
+    dd = str((data_dir or default_data_dir()).resolve())
+    for r in rows:
+        r["source"] = str(r["source"]).replace(dd, "{data_dir}")
+    if as_json:
+        print(json.dumps({"model": label, "tokens": shape.num_tokens, "sequences": shape.num_seqs,
+                          "step_time_s": total, "operators": rows}, indent=1, default=float))
+        return
+    t = Table(title=f"{label}: {shape.num_tokens} tokens, {shape.num_seqs} sequences "
+                    f"({len(qs)} prefill chunks, {len(dec)} decodes) -> {total * 1e3:.3f} ms")
+    for c in ("operator", "calls", "ms", "%", "TFLOP", "GB", "source"):
+        t.add_column(c, justify="right" if c not in ("operator", "source") else "left")
+    for r in rows:
+        fl = r["flops"]
+        by = r["bytes"]
+        t.add_row(r["op"], str(r["calls"]), f"{r['time_s'] * 1e3:.3f}", f"{100 * r['time_s'] / total:.1f}",
+                  "" if fl != fl or not fl else f"{fl / 1e12:.3f}", "" if by != by or not by else f"{by / 1e9:.3f}",
+                  r["source"])
+    console.print(t)
+
+
+def _cost_model(experiment, model, hf_config, gpu, tp, pp, ep, dp, dtype, kv_dtype, tables, coefficients, data_dir):
+    from lab.config import ConfigError, load_experiment
+    from lab.costmodel.hardware import load_hardware
+    from lab.costmodel.model_arch import load_model
+    from lab.costmodel.operator import OperatorCostModel, load_curves
+    from lab.costmodel.parallel import Parallelism
+    from lab.costmodel.tables import TableSet, load_tables
+    from lab.simulation import build_cost_model
+
+    if experiment is not None:
+        try:
+            exp = load_experiment(experiment, data_dir)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        m = exp.model
+        arch = load_model(m.name, exp.path(m.hf_config, "model.hf_config") if m.hf_config else None)
+        hw = load_hardware(exp.hardware.gpu)
+        return build_cost_model(exp, arch, hw), f"{arch.name} on {hw.name} ({exp.cost_model.kind})"
+    if not (model or hf_config) or not gpu:
+        raise ValueError("give an experiment file, or --model (or --hf-config) and --gpu")
+    arch = load_model(model, hf_config)
+    hw = load_hardware(gpu)
+    ts = TableSet(load_tables([str(p) for p in tables]), hw.name) if tables else None
+    kv = dtype if kv_dtype == "auto" else kv_dtype
+    cm = OperatorCostModel(arch, hw, Parallelism(tp, pp, ep, dp), weight_dtype=dtype, kv_dtype=kv, tables=ts,
+                           curves=load_curves(coefficients))
+    return cm, f"{arch.name} on {hw.name} tp{tp} pp{pp} ep{ep} dp{dp} {dtype}/kv {kv}"
+
+
+def profile(out: Path = typer.Option(..., "--out", "-o", help="folder to write (servelab profile format)"),
+            device: str = typer.Option("cuda", "--device", help="torch device (cuda, cuda:1, cpu for a smoke test)"),
+            dtype: str = typer.Option("bf16", "--dtype", help="bf16 or fp16"),
+            model: Optional[str] = typer.Option(None, "--model", help="measure this catalog model's shapes"),
+            tp: int = typer.Option(1, "--tp", help="TP degree of the model's per-GPU shapes"),
+            ops: str = typer.Option("gemm,attention,elementwise", "--ops", help="comma list: gemm, attention, elementwise"),
+            quick: bool = typer.Option(False, "--quick", help="a small grid (smoke test)"),
+            repeats: int = typer.Option(20, "--repeats", help="timed runs per shape (median kept)"),
+            gpu: Optional[str] = typer.Option(None, "--gpu", help="catalog name to record (default: the device's name)")) -> None:
+    """Measure operator tables on this machine's GPU with PyTorch (needs the optional extra: pip install
+    'servelab[profile]'), in the format `servelab calibrate` and `cost_model.tables` read."""
+    from lab.costmodel.profiler import ProfilerUnavailable, run_profile
+
+    try:
+        written = run_profile(out, device=device, dtype=dtype, model=model, tp=tp, ops=[o.strip() for o in ops.split(",")],
+                              quick=quick, repeats=repeats, gpu=gpu, log=lambda s: err_console.print(s, highlight=False))
+    except ProfilerUnavailable as e:
+        _fail(str(e))
+    except ValueError as e:
+        _fail(str(e))
+    console.print(f"wrote {out}/ ({', '.join(p.name for p in written)})")
+
+
+def costcheck(what: str = typer.Argument("all", help="cross-source, splitwise or all"),
+              data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
+              out: Optional[Path] = typer.Option(None, "--out", "-o", help="folder for the CSV/Markdown results")) -> None:
+    """Accuracy checks of the operator cost model against shared measurements: the same Llama-3.1-8B/H100 step
+    from AIConfigurator, Vidur and LLMServingSim data, and Splitwise's end-to-end Llama-2-70B prefill/decode."""
+    from lab.costmodel import checks
+    from lab.paths import default_data_dir
+
+    dd = data_dir or default_data_dir()
+    if what not in ("cross-source", "splitwise", "all"):
+        _fail(f"costcheck {what!r}: expected cross-source, splitwise or all")
+    try:
+        results = checks.run(what, dd, out, log=lambda s: err_console.print(s, highlight=False))
+    except FileNotFoundError as e:
+        _fail(str(e))
+    for name, md in results.items():
+        console.print(f"[bold]{name}[/]")
+        console.print(md, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the cost-model commands to the main app."""
+    app.command("calibrate")(calibrate)
+    app.command("profile")(profile)
+    app.command("cost")(cost)
+    app.command("costcheck")(costcheck)

@@ -1,0 +1,541 @@
+"""Efficiency curves over the roofline, fitted per GPU, operator class and dtype from measured profiles.
+
+Model (one curve = one GPU x class x variant):
+
+    t = t0 + (t_c^p + t_m^p)^(1/p)
+    t_c = F / (P · σ(a_c + Σ_i f_i(log2 x_i)))        x_i: the class's compute features (e.g. GEMM m, n, k)
+    t_m = B / (W · σ(a_m + Σ_j g_j(log2 y_j)))        y_j: its memory features (e.g. bytes moved)
+
+``F``/``B`` are the operator's FLOPs and bytes (lab/costmodel/ops.py), ``P`` the GPU's dense peak for the dtype and
+``W`` its HBM bandwidth (link bandwidth for collectives), σ the logistic function (so each efficiency stays in
+(0, 1)), ``f_i``/``g_j`` piecewise-linear functions of log2 of the feature with knots every 2 octaves (clamped
+outside the fitted range), ``p`` a smooth-max exponent and ``t0`` a fixed latency. It is the roofline with
+"achievable fraction of peak" made a smooth function of the shape, which is how kernel efficiency behaves (small
+tiles, few waves, short rows waste the machine). Parameters are fitted by robust non-linear least squares on log
+time (scipy.optimize.least_squares, soft-L1 loss) with a small penalty on second differences of the knot values.
+
+Held-out accuracy is measured by :func:`holdout`: a deterministic 80/20 split of the measured grid, fitted on the
+80 %, MAPE on the 20 %.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from lab.costmodel.hardware import Hardware
+from lab.costmodel.model_arch import dtype_bytes, load_model
+from lab.costmodel import ops
+
+# compute features, memory features per class
+FEATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gemm": (("m", "n", "k", "align"), ("bytes", "n", "k", "m", "align")),
+    "attn_prefill": (("q_len", "span", "units", "head_dim"), ("bytes",)),
+    "attn_decode": (("units", "head_dim"), ("kv_len", "kv_units", "bytes")),
+    "mla_prefill": (("q_len", "batch", "heads"), ("bytes",)),
+    "mla_decode": (("batch", "heads"), ("kv_len", "bytes")),
+    "moe": (("rows_per_expert", "rows", "inter", "hidden", "topk"), ("bytes", "experts_local", "tokens", "rows_per_expert")),
+    "allreduce": ((), ("bytes",)),
+    "sendrecv": ((), ("bytes",)),
+    "elementwise": ((), ("bytes",)),
+}
+COMM = ("allreduce", "sendrecv")
+
+
+def _kv_bytes(kv_dtype) -> np.ndarray | float:
+    if isinstance(kv_dtype, str):
+        return float(dtype_bytes(kv_dtype))
+    return np.array([dtype_bytes(str(x)) for x in kv_dtype], dtype=float)
+
+
+def _w_bytes(dtype) -> np.ndarray | float:
+    if isinstance(dtype, str):
+        return float(dtype_bytes("fp8" if dtype.startswith("fp8") else dtype))
+    return np.array([dtype_bytes("fp8" if str(x).startswith("fp8") else str(x)) for x in dtype], dtype=float)
+
+
+def mla_module_work(model_name, heads, batch, q_len=None, kv_len=None, w_bytes=1.0, kv_bytes=2.0):
+    """FLOPs and bytes of one MLA attention module (vLLM DeepseekV2MLAAttention: fused q_a/kv_a projection, q_b,
+    kv_b, latent attention, o_proj) for a uniform batch; prefill when ``q_len`` is given (no history, kv_b expands
+    the chunk), decode (absorbed) when ``kv_len`` is. Works on scalars or numpy arrays."""
+    m = model_name if hasattr(model_name, "kv_lora_rank") else load_model(model_name)
+    h, rq, r, rope = m.hidden_size, m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim
+    nope, dv = m.qk_nope_head_dim, m.v_head_dim
+    qk = nope + rope
+    tokens = batch * (q_len if q_len is not None else 1)
+    w_a = h * (rq + r + rope)
+    w_qb = rq * heads * qk
+    w_kvb = r * heads * (nope + dv)
+    w_o = heads * dv * h
+    weights = (w_a + w_qb + w_kvb + w_o) * w_bytes
+    proj_flops = 2.0 * tokens * (w_a + w_qb + w_o)
+    kv_tok = (r + rope) * kv_bytes
+    if q_len is not None:
+        pairs = batch * ops.prefill_pairs(q_len, 0)
+        flops = proj_flops + 2.0 * tokens * w_kvb + 2.0 * heads * (qk + dv) * pairs
+        byts = weights + tokens * (h + rq + r + rope + heads * (qk + 2 * nope + 2 * dv) + h) * 2 + tokens * kv_tok
+    else:
+        attended = batch * (kv_len + 1)
+        flops = proj_flops + 2.0 * tokens * w_kvb + (2.0 * heads * (r + rope) + 2.0 * heads * r) * attended
+        byts = weights + attended * kv_tok + tokens * (h + rq + heads * (qk + 2 * r + dv) + h) * 2 + tokens * kv_tok
+    return flops, byts
+
+
+def work(cls: str, df: pd.DataFrame | dict) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """FLOPs, bytes and the fit features of observations (columns as in lab/costmodel/profiles.py).
+
+    The same definitions are used at run time by the operator cost model, so a fitted curve applies to a shape
+    exactly as it was fitted.
+    """
+    g = (lambda c: df[c].to_numpy()) if isinstance(df, pd.DataFrame) else (lambda c: np.asarray(df[c]))
+    if cls == "gemm":
+        m, n, k = (g(c).astype(float) for c in "mnk")
+        wb = _w_bytes(list(g("dtype")))
+        F, B = ops.gemm(m, n, k, wb, wb)
+        return F, B, {"m": m, "n": n, "k": k, "align": np.where(m % 16 == 0, 2.0, 1.0), "bytes": B}
+    if cls == "attn_prefill":
+        b, q, c, H, Hk, d = (g(x).astype(float) for x in ("batch", "q_len", "ctx_len", "heads", "kv_heads", "head_dim"))
+        kvt = 2 * Hk * d * _kv_bytes(list(g("kv_dtype")))
+        F, B = ops.attention_prefill(q, c, H, Hk, d, d, kvt)
+        return F * b, B * b, {"q_len": q, "span": q + c, "units": b * H, "head_dim": d, "bytes": B * b}
+    if cls == "attn_decode":
+        b, L, H, Hk, d = (g(x).astype(float) for x in ("batch", "kv_len", "heads", "kv_heads", "head_dim"))
+        kvt = 2 * Hk * d * _kv_bytes(list(g("kv_dtype")))
+        F, B = ops.attention_decode(b, b * L, H, d, d, kvt)
+        return F, B, {"units": b * H, "head_dim": d, "kv_len": L + 1, "kv_units": b * Hk, "bytes": B}
+    if cls in ("mla_prefill", "mla_decode"):
+        models = list(g("model"))
+        H, b = g("heads").astype(float), g("batch").astype(float)
+        wb, kvb = _w_bytes(list(g("dtype"))), _kv_bytes(list(g("kv_dtype")))
+        F = np.zeros(len(H))
+        B = np.zeros(len(H))
+        for name in set(models):
+            sel = np.array([x == name for x in models])
+            if cls == "mla_prefill":
+                f, by = mla_module_work(name, H[sel], b[sel], q_len=g("q_len").astype(float)[sel],
+                                        w_bytes=np.broadcast_to(wb, H.shape)[sel], kv_bytes=np.broadcast_to(kvb, H.shape)[sel])
+            else:
+                f, by = mla_module_work(name, H[sel], b[sel], kv_len=g("kv_len").astype(float)[sel],
+                                        w_bytes=np.broadcast_to(wb, H.shape)[sel], kv_bytes=np.broadcast_to(kvb, H.shape)[sel])
+            F[sel], B[sel] = f, by
+        feats = {"batch": b, "heads": H, "bytes": B}
+        if cls == "mla_prefill":
+            feats["q_len"] = g("q_len").astype(float)
+        else:
+            feats["kv_len"] = g("kv_len").astype(float) + 1
+        return F, B, feats
+    if cls == "moe":
+        T, h, i, k, E, tp, ep = (g(x).astype(float) for x in ("tokens", "hidden", "inter", "topk", "experts", "tp", "ep"))
+        wb = _w_bytes(list(g("dtype")))
+        F, B = ops.moe_experts(T, h, i / tp, k, E, ep, wb, wb)
+        rows = T * k / ep
+        return F, B, {"rows_per_expert": np.maximum(rows / (E / ep), 1e-3), "rows": np.maximum(rows, 1e-3),
+                      "inter": i / tp, "hidden": h, "topk": k, "tokens": T, "bytes": B, "experts_local": E / ep}
+    if cls == "allreduce":
+        n = g("gpus").astype(float)
+        B = 2.0 * (n - 1) / n * g("bytes").astype(float)
+        return np.zeros(len(n)), B, {"bytes": g("bytes").astype(float)}
+    if cls in ("sendrecv", "elementwise"):
+        B = g("bytes").astype(float)
+        return np.zeros(len(B)), B, {"bytes": B}
+    raise ValueError(f"unknown operator class {cls!r}")
+
+
+def variant_of(cls: str, df: pd.DataFrame) -> pd.Series:
+    """The variant key a curve is fitted per (dtype, KV dtype, or collective backend and size)."""
+    if cls in ("gemm", "moe"):
+        return df["dtype"].astype(str)
+    if cls in ("attn_prefill", "attn_decode"):
+        return df["kv_dtype"].astype(str)
+    if cls in ("mla_prefill", "mla_decode"):
+        return df["dtype"].astype(str) + "/" + df["kv_dtype"].astype(str)
+    if cls == "allreduce":
+        return df["backend"].astype(str) + "/" + df["gpus"].astype(int).astype(str)
+    if cls == "elementwise":
+        return df["op"].map(elementwise_kind)
+    return pd.Series("all", index=df.index)
+
+
+_KINDS = {"norm": ("layernorm", "norm"), "rope": ("rope", "rotary"), "act": ("act",), "add": ("add",),
+          "embedding": ("emb",), "sampler": ("sampler",)}
+
+
+def elementwise_kind(op: str) -> str:
+    """Group an elementwise op name from any profile format into norm, rope, act, add, embedding or other."""
+    o = str(op).lower()
+    for kind, keys in _KINDS.items():
+        if any(k in o for k in keys):
+            return kind
+    return "other"
+
+
+def peaks(cls: str, variant: str, hw: Hardware) -> tuple[float, float]:
+    """(peak FLOP/s, bandwidth B/s) the curve's efficiencies are relative to."""
+    if cls in COMM:
+        return 1.0, hw.link_bandwidth
+    dtype = variant.split("/")[0]
+    if cls.startswith("attn") or cls == "elementwise":
+        dtype = "bf16"
+    return hw.peak_flops(dtype), hw.memory_bandwidth
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+@dataclass
+class Curve:
+    """One fitted efficiency curve (see the module docstring). Evaluated with :meth:`time` (scalars, fast)."""
+
+    cls: str
+    variant: str
+    peak_flops: float
+    bandwidth: float
+    t0: float
+    p: float
+    a_c: float
+    a_m: float
+    mem_cap: float = 1.0  # largest memory efficiency (elementwise: 4, L2-resident activations beat HBM)
+    knots: dict[str, list[float]] = field(default_factory=dict)   # feature -> knot positions (log2)
+    values: dict[str, list[float]] = field(default_factory=dict)  # feature -> values at the knots
+    n_obs: int = 0
+    source: str = ""
+
+    def _pl(self, feat: str, x: float) -> float:
+        ks = self.knots[feat]
+        vs = self.values[feat]
+        lx = math.log2(x) if x > 0 else ks[0]
+        if lx <= ks[0]:
+            return vs[0]
+        if lx >= ks[-1]:
+            return vs[-1]
+        i = bisect.bisect_right(ks, lx)
+        t = (lx - ks[i - 1]) / (ks[i] - ks[i - 1])
+        return vs[i - 1] + t * (vs[i] - vs[i - 1])
+
+    def efficiencies(self, feats: dict[str, float]) -> tuple[float, float]:
+        """(compute efficiency, memory efficiency) at a shape's features."""
+        cf, mf = FEATURES[self.cls]
+        zc = self.a_c + sum(self._pl(f, feats[f]) for f in cf)
+        zm = self.a_m + sum(self._pl(f, feats[f]) for f in mf)
+        return 1.0 / (1.0 + math.exp(-zc)), self.mem_cap / (1.0 + math.exp(-zm))
+
+    def time(self, flops: float, byts: float, feats: dict[str, float]) -> float:
+        """Predicted seconds for an operator with these FLOPs, bytes and features."""
+        ec, em = self.efficiencies(feats)
+        tc = flops / (self.peak_flops * ec) if flops > 0 else 0.0
+        tm = byts / (self.bandwidth * em)
+        p = self.p
+        m = max(tc, tm)
+        if m <= 0:
+            return self.t0
+        return self.t0 + m * ((tc / m) ** p + (tm / m) ** p) ** (1.0 / p)
+
+    def predict(self, F: np.ndarray, B: np.ndarray, feats: dict[str, np.ndarray]) -> np.ndarray:
+        """Vectorised :meth:`time`."""
+        cf, mf = FEATURES[self.cls]
+
+        def pl(f):
+            return np.interp(np.log2(np.maximum(feats[f], 1e-12)), self.knots[f], self.values[f])
+
+        ec = _sigmoid(self.a_c + sum((pl(f) for f in cf), np.zeros(len(B))))
+        em = self.mem_cap * _sigmoid(self.a_m + sum((pl(f) for f in mf), np.zeros(len(B))))
+        tc = np.where(F > 0, F / (self.peak_flops * ec), 0.0)
+        tm = B / (self.bandwidth * em)
+        mx = np.maximum(np.maximum(tc, tm), 1e-30)
+        return self.t0 + mx * ((tc / mx) ** self.p + (tm / mx) ** self.p) ** (1.0 / self.p)
+
+    def to_dict(self) -> dict:
+        r = lambda x: float(f"{x:.6g}")  # noqa: E731
+        return {"cls": self.cls, "variant": self.variant, "peak_flops": r(self.peak_flops),
+                "bandwidth": r(self.bandwidth), "t0": r(self.t0), "p": r(self.p), "a_c": r(self.a_c),
+                "a_m": r(self.a_m), "mem_cap": self.mem_cap, "knots": {k: [r(x) for x in v] for k, v in self.knots.items()},
+                "values": {k: [r(x) for x in v] for k, v in self.values.items()}, "n_obs": self.n_obs}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Curve":
+        return cls(d["cls"], d["variant"], d["peak_flops"], d["bandwidth"], d["t0"], d["p"], d["a_c"], d["a_m"],
+                   d.get("mem_cap", 1.0), {k: list(v) for k, v in d["knots"].items()},
+                   {k: list(v) for k, v in d["values"].items()}, d.get("n_obs", 0))
+
+
+def _knots(x: np.ndarray) -> list[float]:
+    lx = np.log2(np.maximum(x, 1e-12))
+    lo, hi = math.floor(lx.min()), math.ceil(lx.max())
+    if hi - lo < 2:
+        return [float(lo), float(lo + 2)]
+    return [float(v) for v in np.arange(lo, hi + 1e-9, 2.0)] + ([float(hi)] if (hi - lo) % 2 else [])
+
+
+def fit_curve(cls: str, variant: str, df: pd.DataFrame, hw: Hardware, smooth: float = 0.05,
+              max_rows: int = 4000) -> Curve:
+    """Fit one curve to observations of one GPU, class and variant.
+
+    Raises:
+        ValueError: fewer than 8 observations.
+    """
+    from scipy.optimize import least_squares
+
+    if len(df) < 8:
+        raise ValueError(f"{hw.name} {cls} {variant}: {len(df)} observations, need at least 8 to fit")
+    if len(df) > max_rows:  # deterministic subsample keeps the fit fast; every shape class stays represented
+        df = df.sample(n=max_rows, random_state=0)
+    F, B, feats = work(cls, df)
+    t = df["time_s"].to_numpy(float)
+    P, W = peaks(cls, variant, hw)
+    cf, mf = FEATURES[cls]
+    # a feature that does not vary carries no information: drop its knots (kept as a constant 0)
+    knots = {f: (_knots(feats[f]) if np.ptp(np.log2(np.maximum(feats[f], 1e-12))) > 0.5 else [0.0, 1.0])
+             for f in (*cf, *mf)}
+    active = [f for f in (*cf, *mf) if knots[f] != [0.0, 1.0]]
+    sizes = [len(knots[f]) for f in active]
+    compute = F.sum() > 0 and bool(cf)
+    cap = 4.0 if cls == "elementwise" else 1.0
+
+    def unpack(x):
+        t0 = math.exp(x[0])
+        p = 1.0 + math.exp(x[1])
+        a_c, a_m = x[2], x[3]
+        vals, off = {}, 4
+        for f, s in zip(active, sizes):
+            vals[f] = x[off:off + s]
+            off += s
+        return t0, p, a_c, a_m, vals
+
+    lt = np.log(t)
+    logx = {f: np.log2(np.maximum(feats[f], 1e-12)) for f in active}
+
+    def predict(x):
+        t0, p, a_c, a_m, vals = unpack(x)
+        zc = a_c + sum((np.interp(logx[f], knots[f], vals[f]) for f in cf if f in vals), np.zeros(len(t)))
+        zm = a_m + sum((np.interp(logx[f], knots[f], vals[f]) for f in mf if f in vals), np.zeros(len(t)))
+        tc = np.where(F > 0, F / (P * _sigmoid(zc)), 0.0) if compute else np.zeros(len(t))
+        tm = B / (W * cap * _sigmoid(zm))
+        mx = np.maximum(np.maximum(tc, tm), 1e-30)
+        return t0 + mx * ((tc / mx) ** p + (tm / mx) ** p) ** (1.0 / p)
+
+    def resid(x):
+        r = np.log(predict(x)) - lt
+        pen = []
+        for f in active:
+            v = unpack(x)[4][f]
+            if len(v) >= 3:
+                pen.append(smooth * np.diff(v, 2))
+        return np.concatenate([r, *pen]) if pen else r
+
+    x0 = np.concatenate([[math.log(max(float(np.min(t)) * 0.5, 1e-7)), math.log(3.0), 1.0, 1.5],
+                         *[np.zeros(s) for s in sizes]])
+    lo = np.concatenate([[math.log(1e-8), -3.0, -8.0, -8.0], np.full(sum(sizes), -8.0)])
+    hi = np.concatenate([[math.log(1e-2), 4.0, 8.0, 8.0], np.full(sum(sizes), 8.0)])
+    sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, max_nfev=100)
+    t0, p, a_c, a_m, vals = unpack(sol.x)
+    values = {f: [float(v) for v in vals[f]] if f in vals else [0.0, 0.0] for f in (*cf, *mf)}
+    return Curve(cls, variant, P, W, t0, p, float(a_c), float(a_m), cap, knots, values, len(df))
+
+
+def split_mask(df: pd.DataFrame, cls: str, frac: float = 0.2, seed: int = 0) -> np.ndarray:
+    """Deterministic held-out mask: ``frac`` of the distinct measured shapes (all repeats of a shape go together)."""
+    from lab.costmodel.profiles import COLUMNS
+
+    keys = df[COLUMNS[cls]].astype(str).agg("|".join, axis=1)
+    uniq = pd.Index(keys.unique())
+    rng = np.random.default_rng(seed)
+    test_keys = set(uniq[rng.random(len(uniq)) < frac])
+    return keys.isin(test_keys).to_numpy()
+
+
+def mape(pred: np.ndarray, obs: np.ndarray) -> float:
+    """Mean absolute percentage error, %."""
+    return float(np.mean(np.abs(pred / obs - 1.0)) * 100.0)
+
+
+def roofline_ratio(cls: str, df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(measured / roofline time, roofline time) per observation, against the catalog peaks of its GPU."""
+    from lab.costmodel.hardware import load_hardware
+
+    F, B, _ = work(cls, df)
+    var = variant_of(cls, df).to_numpy()
+    gpus = df["gpu"].to_numpy()
+    tmin = np.zeros(len(df))
+    for g in np.unique(gpus):
+        hw = load_hardware(g)
+        for v in np.unique(var):
+            sel = (gpus == g) & (var == v)
+            if sel.any():
+                P, W = peaks(cls, v, hw)
+                tmin[sel] = np.maximum(F[sel] / P, B[sel] / W)
+    return df["time_s"].to_numpy(float) / np.maximum(tmin, 1e-30), tmin
+
+
+def drop_impossible(obs, min_time_s: float = 20e-6, slack: float = 0.9, max_bad: float = 0.05):
+    """Drop whole source tables that contradict the roofline, and say so in ``obs.notes``.
+
+    Among a table's rows whose roofline time exceeds ``min_time_s`` (too big for caches or launch effects to
+    matter), if more than ``max_bad`` run faster than ``slack`` x the roofline (above the GPU's peak FLOP/s or
+    bandwidth), the table cannot be measuring what its columns say. Elementwise tables are exempt: small
+    activations legitimately stay in L2 and beat the HBM roofline.
+    """
+    from lab.costmodel.profiles import Observations
+
+    out = Observations(notes=list(obs.notes))
+    for cls, df in obs.tables.items():
+        if cls == "elementwise":
+            out.tables[cls] = df
+            continue
+        r, tmin = roofline_ratio(cls, df)
+        files = df["source"].str.replace(r":.*$", "", regex=True)
+        keep = np.ones(len(df), dtype=bool)
+        for f in files.unique():
+            sel = (files == f).to_numpy()
+            big = sel & (tmin > min_time_s)
+            if big.sum() == 0:
+                continue
+            bad = float(np.mean(r[big] < slack))
+            if bad > max_bad:
+                keep &= ~sel
+                out.notes.append(f"dropped {f} ({cls}): {bad:.0%} of its {int(big.sum())} large rows run faster "
+                                 f"than the roofline (fastest at {float(r[big].min()):.2f}x), so it cannot be "
+                                 "measuring the shapes its columns give")
+        if keep.any():
+            out.tables[cls] = df[keep].reset_index(drop=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ calibration
+FAMILY_PRIORITY = ("servelab", "aiconfigurator", "vidur", "llmservingsim")
+
+
+def family_of(source: str) -> str:
+    """The profile family a source path belongs to (servelab, aiconfigurator, vidur, llmservingsim)."""
+    s = source.lower()
+    for fam in ("aiconfigurator", "vidur", "llmservingsim"):
+        if fam in s:
+            return fam
+    if s.endswith(".parquet"):
+        return "aiconfigurator"
+    if "mlp.csv" in s or "all_reduce.csv" in s or "send_recv.csv" in s:
+        return "vidur"
+    if "layers.csv" in s or "dense.csv" in s:
+        return "llmservingsim"
+    return "servelab"
+
+
+def _groups(obs, cls: str):
+    """(gpu, variant, family, frame) groups of one class, MoE restricted to balanced routing."""
+    df = obs.get(cls)
+    if df.empty:
+        return
+    if cls == "moe":
+        df = df[df["distribution"] == "balanced"]
+    fam = df["source"].map(family_of)
+    var = variant_of(cls, df)
+    for (gpu, v, f), d in df.groupby([df["gpu"], var, fam]):
+        yield gpu, v, f, d.reset_index(drop=True)
+
+
+def calibrate(obs, min_rows: int = 16, log=None) -> "CurveSet":
+    """Fit one curve per GPU, class and variant from the highest-priority profile family that has at least
+    ``min_rows`` observations of it (servelab > aiconfigurator > vidur > llmservingsim: families are not mixed,
+    because different kernels and timing methods disagree by more than the fit error)."""
+    from lab.costmodel.hardware import load_hardware
+
+    best: dict[tuple[str, str, str], tuple[int, str, pd.DataFrame]] = {}
+    for cls in FEATURES:
+        for gpu, v, f, d in _groups(obs, cls):
+            if len(d) < min_rows:
+                continue
+            rank = FAMILY_PRIORITY.index(f)
+            key = (gpu, cls, v)
+            if key not in best or rank < best[key][0]:
+                best[key] = (rank, f, d)
+    import time
+
+    curves = CurveSet()
+    for (gpu, cls, v), (_, f, d) in sorted(best.items()):
+        t0 = time.perf_counter()
+        c = fit_curve(cls, v, d, load_hardware(gpu))
+        c.source = f"{f}: " + ", ".join(sorted({s.split(':')[0] for s in d['source']}))
+        curves.add(gpu, c)
+        if log:
+            log(f"fitted {gpu} {cls} {v} from {f} ({len(d)} rows, {time.perf_counter() - t0:.1f} s)")
+    return curves
+
+
+def holdout(obs, frac: float = 0.2, min_rows: int = 30, log=None) -> pd.DataFrame:
+    """Held-out accuracy of every (GPU, class, variant, family) table: fit on a deterministic 80 % of its distinct
+    shapes, report MAPE (%) of the fitted curve on the other 20 % and, for the tables the cost model interpolates
+    (lab/costmodel/tables.py), of that interpolation from the 80 % as well."""
+    from lab.costmodel.hardware import load_hardware
+    from lab.costmodel.tables import interpolation_holdout
+
+    rows = []
+    for cls in FEATURES:
+        for gpu, v, f, d in _groups(obs, cls):
+            if len(d) < min_rows:
+                continue
+            test = split_mask(d, cls, frac)
+            if test.sum() == 0 or (~test).sum() < 8:
+                continue
+            c = fit_curve(cls, v, d[~test].reset_index(drop=True), load_hardware(gpu))
+            F, B, feats = work(cls, d[test])
+            obs_t = d.loc[test, "time_s"].to_numpy(float)
+            fit_err = mape(c.predict(F, B, feats), obs_t)
+            interp = interpolation_holdout(cls, d, test)
+            rows.append({"gpu": gpu, "op_class": cls, "variant": v, "family": f, "rows": len(d),
+                         "test_rows": int(test.sum()), "fit_mape_pct": round(fit_err, 1),
+                         "table_mape_pct": None if interp is None else round(interp[0], 1),
+                         "table_test_rows": None if interp is None else interp[1]})
+            if log:
+                log(f"{gpu} {cls} {v} [{f}] fit {fit_err:.1f} %" + ("" if interp is None else f", table {interp[0]:.1f} %"))
+    return pd.DataFrame(rows)
+
+
+class CurveSet:
+    """Fitted curves by GPU, class and variant, with a note; read and written as JSON (see
+    lab/data/costmodel_coefficients.json)."""
+
+    def __init__(self, note: dict | None = None) -> None:
+        self.curves: dict[tuple[str, str, str], Curve] = {}
+        self.note = note or {}
+
+    def add(self, gpu: str, curve: Curve) -> None:
+        self.curves[(gpu, curve.cls, curve.variant)] = curve
+
+    def get(self, gpu: str, cls: str, variant: str) -> Curve | None:
+        return self.curves.get((gpu, cls, variant))
+
+    def gpus(self) -> list[str]:
+        return sorted({g for g, _, _ in self.curves})
+
+    def to_json(self) -> dict:
+        out: dict = {"note": self.note, "curves": {}}
+        for (gpu, cls, v), c in sorted(self.curves.items()):
+            d = c.to_dict()
+            d["source"] = getattr(c, "source", "")
+            out["curves"].setdefault(gpu, {}).setdefault(cls, {})[v] = d
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict, where: str = "<coefficients>") -> "CurveSet":
+        if not isinstance(data, dict) or "curves" not in data:
+            raise ValueError(f"{where}: not a servelab coefficients file (expected keys 'note' and 'curves')")
+        cs = cls(data.get("note") or {})
+        for gpu, classes in data["curves"].items():
+            for c_name, variants in classes.items():
+                for v, d in variants.items():
+                    try:
+                        c = Curve.from_dict(d)
+                    except KeyError as e:
+                        raise ValueError(f"{where}: curve {gpu}/{c_name}/{v} lacks field {e}") from None
+                    want = set(FEATURES.get(c_name, ((), ()))[0]) | set(FEATURES.get(c_name, ((), ()))[1])
+                    if c_name not in FEATURES or set(c.knots) != want:
+                        raise ValueError(f"{where}: curve {gpu}/{c_name}/{v} has features {sorted(c.knots)}, this "
+                                         f"servelab expects {sorted(want)}: the file was written by another version; "
+                                         "rerun `servelab calibrate` (docs/costmodel.md gives the command)")
+                    c.source = d.get("source", "")
+                    cs.add(gpu, c)
+        return cs

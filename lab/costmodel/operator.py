@@ -1,0 +1,704 @@
+"""The operator cost model: a decoder step as the sum of per-operator costs, for any model architecture
+(dense GQA/MHA/MQA, MLA, MoE) split over any TP x PP x EP (x attention DP), in bf16 or fp8.
+
+For every operator the time comes from the first source that covers it:
+
+1. a **measured table** of this GPU (lab/costmodel/tables.py), interpolated in its measured dimensions;
+2. a **fitted efficiency curve** over the roofline for this GPU, operator class and dtype (lab/costmodel/fit.py,
+   shipped in lab/data/costmodel_coefficients.json or given by ``coefficients``); a GPU without curves borrows
+   those of its catalog ``fit_proxy`` (same silicon, e.g. H800 -> H100) with its own peaks;
+3. the **plain roofline**, max(FLOPs / (peak x eff), bytes / (bandwidth x eff)) + launch latency, with the
+   default efficiencies of lab/costmodel/roofline.py ``Efficiency``.
+
+:meth:`OperatorCostModel.explain` says, for a batch shape, which source each operator used, with its FLOPs and
+bytes (``servelab cost`` prints it).
+
+One step on one GPU of the instance, L layers run one after the other (pipeline stages in sequence: the engine
+runs one batch at a time, so PP adds stage-boundary transfers and divides memory, not time):
+
+* per layer: input RMSNorm (fused residual add); attention projections (GQA: fused QKV and O; MLA: fused
+  q_a/kv_a, q_b, O, with kv_b expanding the prefill context and the W_UK/W_UV absorption BMMs for decodes, or the
+  measured MLA module); rotary (and Qwen3's q/k norm); attention for the batch's prefill chunks (with their
+  history) and decodes; TP all-reduce; post-attention RMSNorm; then a gated MLP (gate_up, SiLU-and-mul, down) or,
+  in MoE layers, the router GEMM, the fused routed experts (x ``moe_imbalance``), the shared experts and, with EP,
+  the all-to-all dispatch and combine; TP all-reduce;
+* per step: embedding, final norm, LM head over one position per sequence (plus a logits all-gather with TP),
+  sampler, PP send/recv between stages, and a fixed CPU step overhead.
+
+Mixed batches: prefill chunks are costed together as a uniform batch with the same number of chunks and the same
+total query/key pairs (from a table of uniform batches), or chunk by chunk (from a table of chunks with history);
+decodes from the mean KV length, bounded below by the longest decode alone (one long sequence cannot be spread
+over the whole GPU), so the result depends on the spread and not only the mean.
+
+With ``enforce_eager`` (no CUDA graphs) the host issues every kernel one by one: a kernel shorter than the host's
+time to issue it (``cpu_launch_s``) waits for the host, so each call costs max(GPU time, kernels x cpu_launch_s).
+Small kernels (norms, decode attention, the small GEMMs of a wide TP split) become host-bound first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from lab.costmodel import ops
+from lab.costmodel.base import BatchShape
+from lab.costmodel.fit import Curve, CurveSet, mla_module_work
+from lab.costmodel.hardware import Hardware, fit_proxy
+from lab.costmodel.model_arch import ModelArch, dtype_bytes
+from lab.costmodel.parallel import Parallelism
+from lab.costmodel.roofline import Efficiency
+from lab.costmodel.tables import TableSet
+
+# FlashMLA on H800 (published_kernel_and_system_figures.csv): 3000 of 3350 GB/s memory-bound, 660 of 990 TFLOPS
+# compute-bound. Used for the MLA decode core when no table or curve covers it.
+FLASHMLA_MEMORY_EFF = 3000 / 3350
+FLASHMLA_COMPUTE_EFF = 660 / 990
+
+
+@dataclass
+class OpRow:
+    """One line of :meth:`OperatorCostModel.explain`: an operator's total over the step."""
+
+    op: str
+    group: str
+    calls: int
+    time_s: float
+    source: str
+    flops: float
+    bytes: float
+
+
+class _TokOp:
+    """An operator whose cost depends only on (tokens, sequences) of the step."""
+
+    __slots__ = ("name", "group", "calls", "fn", "work", "source", "kernels")
+
+    def __init__(self, name: str, group: str, calls: int, fn: Callable[[int, int], float],
+                 work: Callable[[int, int], tuple[float, float]], source: str, kernels: int = 1) -> None:
+        self.name, self.group, self.calls, self.fn, self.work = name, group, calls, fn, work
+        self.source, self.kernels = source, kernels
+
+
+class OperatorCostModel:
+    """Per-operator step time of ``model`` on one ``hardware`` GPU with parallelism ``parallel``.
+
+    Args:
+        model: architecture.
+        hardware: GPU.
+        parallel: TP/PP/EP/DP split (lab/costmodel/parallel.py).
+        weight_dtype: GEMM weight dtype, "bf16" or "fp8" (W8A8; block-scaled when the checkpoint is natively fp8).
+        kv_dtype: KV-cache dtype, "bf16" or "fp8".
+        tables: measured tables of this GPU, or None.
+        curves: fitted curves (any GPUs), or None for none.
+        efficiency: plain-roofline efficiencies and latencies (also ``step_overhead_s``).
+        link_bandwidth: scale-up link bandwidth per GPU, one direction, B/s (default: the catalog's).
+        link_latency_s: latency of one collective when it is costed from the link model.
+        moe_imbalance: multiplies the routed-expert time (busiest GPU / mean; 1 = balanced routing).
+        enforce_eager: no CUDA graphs: each call costs at least ``kernels x cpu_launch_s``.
+        cpu_launch_s: host time to issue one kernel in eager mode.
+    """
+
+    name = "operator"
+
+    def __init__(self, model: ModelArch, hardware: Hardware, parallel: Parallelism | None = None,
+                 weight_dtype: str = "bf16", kv_dtype: str = "bf16", tables: TableSet | None = None,
+                 curves: CurveSet | None = None, efficiency: Efficiency | None = None,
+                 link_bandwidth: float | None = None, link_latency_s: float = 10e-6, moe_imbalance: float = 1.0,
+                 enforce_eager: bool = False, cpu_launch_s: float = 6e-6) -> None:
+        self.model = model
+        self.hw = hardware
+        self.par = parallel or Parallelism()
+        self.par.stage_layers(model.num_layers)
+        if weight_dtype not in ("bf16", "fp16", "fp8"):
+            raise ValueError(f"weight dtype {weight_dtype!r}: expected bf16, fp16 or fp8")
+        self.wdtype = "fp8" if weight_dtype == "fp8" else "bf16"
+        self.kvdtype = "fp8" if kv_dtype.startswith("fp8") else "bf16"
+        self.gemm_variant = ("fp8_block" if model.weight_dtype == "fp8" else "fp8") if self.wdtype == "fp8" else "bf16"
+        self.wb = dtype_bytes(self.wdtype)
+        self.tables = tables
+        self.curves = curves
+        self.eff = efficiency or Efficiency()
+        self.link = link_bandwidth or hardware.link_bandwidth
+        self.link_latency = link_latency_s
+        if moe_imbalance < 1.0:
+            raise ValueError(f"moe_imbalance must be >= 1, got {moe_imbalance}")
+        self.moe_imbalance = moe_imbalance
+        self.enforce_eager = enforce_eager
+        self.cpu_launch_s = cpu_launch_s
+        self.proxy = fit_proxy(hardware.name)
+        m, p = model, self.par
+        self.L = m.num_layers
+        self.L_moe = m.num_moe_layers
+        self.L_dense = self.L - self.L_moe
+        self.heads = max(1, m.num_heads // p.tp)
+        self.kv_heads = max(1, m.num_kv_heads // p.tp)
+        self.kv_tok = m.kv_bytes_per_token_per_layer(self.kvdtype, p.tp)
+        self._cache: dict[tuple[int, int], tuple[float, float, dict[str, float]]] = {}
+        self._build()
+
+    # ------------------------------------------------------------------------------------------ sources
+    def _curve(self, cls: str, variant: str) -> tuple[Curve | None, str]:
+        if self.curves is None:
+            return None, ""
+        c = self.curves.get(self.hw.name, cls, variant)
+        if c is not None:
+            return c, f"fit:{self.hw.name}/{cls}/{variant}"
+        if self.proxy:
+            c = self.curves.get(self.proxy.name, cls, variant)
+            if c is not None:
+                scale_p = self.hw.link_bandwidth if cls in ("allreduce", "sendrecv") else self.hw.memory_bandwidth
+                c = replace(c, peak_flops=c.peak_flops * self.hw.peak_flops(variant.split("/")[0]) /
+                            self.proxy.peak_flops(variant.split("/")[0]) if c.peak_flops > 1 else c.peak_flops,
+                            bandwidth=scale_p)
+                return c, f"fit:{self.proxy.name}/{cls}/{variant} (proxy for {self.hw.name})"
+        return None, ""
+
+    def _roof(self, flops: float, byts: float, ce: float, me: float, peak: float | None = None) -> float:
+        p = peak or self.hw.peak_flops(self.wdtype)
+        return max(flops / (p * ce), byts / (self.hw.memory_bandwidth * me)) + self.eff.kernel_launch_s
+
+    # ------------------------------------------------------------------------------------------ builders
+    def _gemm_fn(self, n: int, k: int, dtype: str | None = None):
+        """(fn(m) -> s, work(m) -> (F, B), source) for a weight GEMM with n outputs and k inputs."""
+        variant = dtype or self.gemm_variant
+        wb = 1.0 if variant.startswith("fp8") else 2.0
+
+        def work(m: float) -> tuple[float, float]:
+            return ops.gemm(m, n, k, wb, wb)
+
+        if self.tables is not None:
+            f, src = self.tables.gemm(variant, n, k)
+            if f is not None:
+                return (lambda m: f(m) if m > 0 else 0.0), work, f"table:{src}"
+        c, src = self._curve("gemm", variant)
+        if c is not None:
+            def fc(m: float) -> float:
+                if m <= 0:
+                    return 0.0
+                F, B = ops.gemm(m, n, k, wb, wb)
+                return c.time(F, B, {"m": m, "n": n, "k": k, "align": 2.0 if m % 16 == 0 else 1.0, "bytes": B})
+            return fc, work, src
+        peak = self.hw.peak_flops(variant)
+        e = self.eff
+
+        def fr(m: float) -> float:
+            if m <= 0:
+                return 0.0
+            F, B = ops.gemm(m, n, k, wb, wb)
+            return self._roof(F, B, e.gemm_compute, e.gemm_memory, peak)
+        return fr, work, "roofline"
+
+    def _elem_fn(self, kind: str):
+        """(fn(bytes) -> s, source) for an elementwise kernel of a kind (norm, rope, act, embedding, sampler)."""
+        c, src = self._curve("elementwise", kind)
+        if c is not None:
+            return (lambda b: c.time(0.0, b, {"bytes": b}) if b > 0 else 0.0), src
+        bw = self.hw.memory_bandwidth * self.eff.elementwise_memory
+        launch = self.eff.kernel_launch_s
+        return (lambda b: b / bw + launch if b > 0 else 0.0), "roofline"
+
+    def _allreduce_fn(self, n: int):
+        """(fn(bytes) -> s, source) for an all-reduce over n GPUs (bytes = the buffer)."""
+        if n <= 1:
+            return (lambda b: 0.0), "none"
+        if self.tables is not None:
+            f, src = self.tables.allreduce(n)
+            if f is not None:
+                return (lambda b: f(b) if b > 0 else 0.0), f"table:{src}"
+        for backend in ("graph", "nccl"):
+            c, src = self._curve("allreduce", f"{backend}/{n}")
+            if c is not None:
+                return (lambda b: c.time(0.0, ops.allreduce_bytes(b, n), {"bytes": b}) if b > 0 else 0.0), src
+        bw = self.link * self.eff.link
+        lat = self.eff.allreduce_latency_s
+        return (lambda b: lat + ops.allreduce_bytes(b, n) / bw if b > 0 else 0.0), "roofline (link)"
+
+    def _sendrecv_fn(self):
+        if self.tables is not None:
+            f, src = self.tables.sendrecv()
+            if f is not None:
+                return f, f"table:{src}"
+        c, src = self._curve("sendrecv", "all")
+        if c is not None:
+            return (lambda b: c.time(0.0, b, {"bytes": b})), src
+        bw = self.link * self.eff.link
+        lat = self.link_latency
+        return (lambda b: lat + b / bw), "roofline (link)"
+
+    def _build(self) -> None:
+        m, p = self.model, self.par
+        h, d = m.hidden_size, m.head_dim
+        H, Hk = self.heads, self.kv_heads
+        L, Ld, Lm = self.L, self.L_dense, self.L_moe
+        tok: list[_TokOp] = []
+        self.tok_ops = tok
+
+        def add_gemm(name: str, n: int, k: int, calls: int, group: str = "gemm", dtype: str | None = None,
+                     m_of: Callable[[int, int], float] = lambda T, S: T) -> None:
+            if calls <= 0 or n <= 0 or k <= 0:
+                return
+            fn, work, src = self._gemm_fn(n, k, dtype)
+            tok.append(_TokOp(name, group, calls, lambda T, S, fn=fn: fn(m_of(T, S)),
+                              lambda T, S, work=work: work(m_of(T, S)), src))
+
+        def add_elem(name: str, kind: str, bytes_per_token: float, calls: int, per: str = "T") -> None:
+            if calls <= 0 or bytes_per_token <= 0:
+                return
+            fn, src = self._elem_fn(kind)
+            if per == "T":
+                tok.append(_TokOp(name, "elementwise", calls, lambda T, S: fn(T * bytes_per_token),
+                                  lambda T, S: (0.0, T * bytes_per_token), src))
+            else:
+                tok.append(_TokOp(name, "head", calls, lambda T, S: fn(S * bytes_per_token),
+                                  lambda T, S: (0.0, S * bytes_per_token), src))
+
+        # ---- attention block (per layer, token-dependent part)
+        add_elem("norms", "norm", 8 * h, 2 * L)  # input and post-attention fused add+RMSNorm
+        self.mla_mode = None
+        if m.is_mla:
+            self._setup_mla(add_gemm, add_elem)
+        else:
+            add_gemm("qkv_proj", (H + 2 * Hk) * d, h, L)
+            add_gemm("o_proj", h, H * d, L)
+            add_elem("rope", "rope", 4 * (H + Hk) * d, L)
+            if m.qk_norm:
+                add_elem("qk_norm", "norm", 4 * (H + Hk) * d, L)
+            self._setup_gqa_attention()
+        ar, ar_src = self._allreduce_fn(p.tp)
+        n_ar = L + Ld + (Lm if p.ep == 1 else 0)  # after attention; after the MLP unless EP combines it
+        if p.tp > 1:
+            tok.append(_TokOp("allreduce", "communication", n_ar, lambda T, S: ar(T * h * 2),
+                              lambda T, S: (0.0, ops.allreduce_bytes(T * h * 2, p.tp)), ar_src))
+        # ---- dense MLP layers
+        i_r = m.intermediate_size // p.tp
+        add_gemm("gate_up_proj", 2 * i_r, h, Ld)
+        add_elem("act", "act", 6 * i_r, Ld)
+        add_gemm("down_proj", h, i_r, Ld)
+        # ---- MoE layers
+        if Lm:
+            self._setup_moe(add_gemm, add_elem)
+        # ---- per step
+        add_elem("embedding", "embedding", 4 * h, 1)
+        add_elem("final_norm", "norm", 4 * h, 1)
+        vocab = m.vocab_size // p.tp
+        add_gemm("lm_head", vocab, h, 1, group="head", dtype="bf16", m_of=lambda T, S: S)
+        if p.tp > 1:
+            tok.append(_TokOp("logits_gather", "communication", 1, lambda T, S: ar(S * m.vocab_size),
+                              lambda T, S: (0.0, S * m.vocab_size * 2.0), ar_src))
+        add_elem("sampler", "sampler", m.vocab_size * 4 * 3, 1, per="S")
+        if p.pp > 1:
+            sr, sr_src = self._sendrecv_fn()
+            tok.append(_TokOp("pp_sendrecv", "communication", p.pp - 1, lambda T, S: sr(T * h * 2),
+                              lambda T, S: (0.0, T * h * 2.0), sr_src))
+
+    def _setup_gqa_attention(self) -> None:
+        m = self.model
+        H, Hk, d = self.heads, self.kv_heads, m.head_dim
+        self.attn_calls = self.L
+        self.pre_uniform = self.pre_hist = self.dec_grid = None
+        self.pre_src = self.dec_src = None
+        if self.tables is not None:
+            u, hgrid, h0, src = self.tables.attn_prefill(self.kvdtype, H, Hk, d)
+            if u is not None or hgrid is not None:
+                self.pre_uniform, self.pre_hist, self.pre_hist0, self.pre_src = u, hgrid, h0, f"table:{src}"
+            g, src = self.tables.attn_decode(self.kvdtype, H, Hk, d)
+            if g is not None:
+                self.dec_grid, self.dec_src = g, f"table:{src}"
+        if self.pre_src is None:
+            c, src = self._curve("attn_prefill", self.kvdtype)
+            self.pre_curve, self.pre_src = c, (src or "roofline")
+        if self.dec_src is None:
+            c, src = self._curve("attn_decode", self.kvdtype)
+            self.dec_curve, self.dec_src = c, (src or "roofline")
+
+    def _setup_mla(self, add_gemm, add_elem) -> None:
+        m = self.model
+        h, H = m.hidden_size, self.heads
+        r, rope, nope, dv, rq = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.q_lora_rank
+        self.attn_calls = self.L
+        mp = md = None
+        gv = self.gemm_variant if self.wdtype == "fp8" else "bf16"
+        if self.tables is not None:
+            mp, sp = self.tables.mla("prefill", m, gv, self.kvdtype, H)
+            md, sd = self.tables.mla("decode", m, gv, self.kvdtype, H)
+        if mp is not None and md is not None:
+            self.mla_mode = "module-table"
+            self.mla_pre, self.mla_dec, self.pre_src, self.dec_src = mp, md, f"table:{sp}", f"table:{sd}"
+            return
+        var = f"{self.gemm_variant if self.wdtype == 'fp8' else 'bf16'}/{self.kvdtype}"
+        cp, sp = self._curve("mla_prefill", var)
+        cd, sd = self._curve("mla_decode", var)
+        if cp is not None and cd is not None:
+            self.mla_mode = "module-fit"
+            self.mla_pre_curve, self.mla_dec_curve, self.pre_src, self.dec_src = cp, cd, sp, sd
+            return
+        # decomposed: projections as GEMMs, attention cores from curves / roofline
+        self.mla_mode = "decomposed"
+        add_gemm("qkv_a_proj", (rq + r + rope) if rq else (r + rope), h, self.L)
+        if rq:
+            add_gemm("q_b_proj", H * (nope + rope), rq, self.L)
+            add_elem("q_kv_a_norms", "norm", 4 * (rq + r), self.L)
+        else:
+            add_gemm("q_proj", H * (nope + rope), h, self.L)
+            add_elem("kv_a_norm", "norm", 4 * r, self.L)
+        add_gemm("o_proj", h, H * dv, self.L)
+        add_elem("rope", "rope", 4 * (H + 1) * rope, self.L)
+        self.kvb_fn, _, self.kvb_src = self._gemm_fn(H * (nope + dv), r)
+        self.uk_fn, _, _ = self._gemm_fn(H * r, nope, "bf16")
+        self.uv_fn, _, _ = self._gemm_fn(H * dv, r, "bf16")
+        c, src = self._curve("attn_prefill", self.kvdtype)
+        self.pre_curve, self.pre_src = c, (src or "roofline")
+        self.dec_src = "roofline (FlashMLA published efficiency)"
+
+    def _setup_moe(self, add_gemm, add_elem) -> None:
+        m, p = self.model, self.par
+        h, E, k = m.hidden_size, m.num_experts, m.experts_per_token
+        i_full = m.moe_intermediate_size
+        i_r = i_full // p.moe_tp
+        Lm = self.L_moe
+        dp = p.dp if p.ep > 1 else 1
+        add_gemm("router", E, h, Lm, group="moe", dtype="bf16")
+        variant = self.gemm_variant if self.wdtype == "fp8" else "bf16"
+        wb = 1.0 if self.wdtype == "fp8" else 2.0
+        fn = src = None
+        if self.tables is not None:
+            f, s = self.tables.moe(variant, h, i_full, k, E, p.moe_tp, p.ep)
+            if f is None and variant == "fp8_block":
+                f, s = self.tables.moe("fp8", h, i_full, k, E, p.moe_tp, p.ep)
+            if f is not None:
+                fn, src = f, f"table:{s}"
+        if fn is None:
+            c, s = self._curve("moe", variant)
+            if c is not None:
+                def fn(T: float, c=c) -> float:
+                    F, B = ops.moe_experts(T, h, i_r, k, E, p.ep, wb, wb)
+                    rows = T * k / p.ep
+                    return c.time(F, B, {"rows_per_expert": max(rows / (E / p.ep), 1e-3), "rows": max(rows, 1e-3),
+                                         "inter": i_r, "hidden": h, "topk": k, "tokens": T, "bytes": B,
+                                         "experts_local": E / p.ep})
+                src = s
+            else:
+                e = self.eff
+                peak = self.hw.peak_flops(self.wdtype)
+
+                def fn(T: float) -> float:
+                    F, B = ops.moe_experts(T, h, i_r, k, E, p.ep, wb, wb)
+                    return self._roof(F, B, e.gemm_compute, e.gemm_memory, peak) + 4 * e.kernel_launch_s
+                src = "roofline"
+        imb = self.moe_imbalance
+        self.tok_ops.append(_TokOp("moe_experts", "moe", Lm, lambda T, S: imb * fn(T * dp) if T > 0 else 0.0,
+                                   lambda T, S: ops.moe_experts(T * dp, h, i_r, k, E, p.ep, wb, wb), src, kernels=6))
+        if m.num_shared_experts:
+            i_s = m.num_shared_experts * i_full // p.tp
+            add_gemm("shared_gate_up", 2 * i_s, h, Lm, group="moe")
+            add_elem("shared_act", "act", 6 * i_s, Lm)
+            add_gemm("shared_down", h, i_s, Lm, group="moe")
+        if p.ep > 1:
+            remote = ops.expected_remote_ranks(k, p.ep)
+            disp_b = 1.0 if self.wdtype == "fp8" else 2.0
+            bw = self.link * self.eff.link
+            lat = self.link_latency
+
+            def a2a(T: int, S: int) -> float:
+                return 2 * lat + T * remote * h * (disp_b + 2.0) / bw if T > 0 else 0.0
+            self.tok_ops.append(_TokOp("ep_alltoall", "communication", Lm, a2a,
+                                       lambda T, S: (0.0, T * remote * h * (disp_b + 2.0)), "roofline (link)",
+                                       kernels=2))
+
+    # ------------------------------------------------------------------------------------------ attention
+    def _attention_layer(self, shape: BatchShape) -> tuple[float, float]:
+        """(prefill part, decode part) seconds of one layer's attention (with MLA module tables: the module)."""
+        pre = dec = 0.0
+        if shape.prefill_new:
+            pre = self._prefill(shape.prefill_new, shape.prefill_context)
+        nd = shape.num_decodes
+        if nd:
+            dec = self._decode(nd, shape.decode_sum, shape.decode_max)
+        return pre, dec
+
+    @staticmethod
+    def _equivalent(qs: list[int], cs: list[int]) -> tuple[int, float, float, float]:
+        """(chunks, equivalent uniform length, Σ pairs, Σ new tokens) of prefill chunks."""
+        n = len(qs)
+        pairs = 0.0
+        for q, c in zip(qs, cs):
+            pairs += q * c + q * (q + 1) / 2.0
+        isl = (-1.0 + math.sqrt(1.0 + 8.0 * pairs / n)) / 2.0
+        return n, isl, pairs, float(sum(qs))
+
+    def _prefill(self, qs: list[int], cs: list[int]) -> float:
+        m = self.model
+        mode = self.mla_mode
+        if mode == "module-table":
+            n, isl, _, _ = self._equivalent(qs, cs)
+            return self.mla_pre(n, isl)
+        if mode == "module-fit":
+            t = 0.0
+            for q, c in zip(qs, cs):
+                F, B = mla_module_work(m, self.heads, 1, q_len=q + c, w_bytes=self.wb, kv_bytes=dtype_bytes(self.kvdtype))
+                frac = ops.prefill_pairs(q, c) / ops.prefill_pairs(q + c, 0)
+                t += frac * self.mla_pre_curve.time(F, B, {"q_len": q + c, "batch": 1, "heads": self.heads, "bytes": B})
+            return t
+        if mode == "decomposed":
+            H = self.heads
+            ctx = sum(q + c for q, c in zip(qs, cs))
+            t = self.kvb_fn(ctx)
+            d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+            kv_tok = H * (d_qk + d_v) * 2.0  # expanded K and V per token
+            return t + self._prefill_core(qs, cs, H, H, d_qk, d_v, kv_tok)
+        if self.pre_hist is not None:
+            t = 0.0
+            for q, c in zip(qs, cs):
+                if c > 0:
+                    t += self.pre_hist(c, q)
+                elif self.pre_hist0 is not None:
+                    t += self.pre_hist0(q)
+                else:
+                    t += self.pre_hist(1, q)
+            return t
+        if self.pre_uniform is not None:
+            n, isl, _, _ = self._equivalent(qs, cs)
+            return self.pre_uniform(n, isl)
+        return self._prefill_core(qs, cs, self.heads, self.kv_heads, m.head_dim, m.head_dim, self.kv_tok)
+
+    def _prefill_core(self, qs, cs, H, Hk, d_qk, d_v, kv_tok) -> float:
+        F = B = 0.0
+        for q, c in zip(qs, cs):
+            f, b = ops.attention_prefill(q, c, H, Hk, d_qk, d_v, kv_tok)
+            F += f
+            B += b
+        c_ = getattr(self, "pre_curve", None)
+        if c_ is not None:
+            n = len(qs)
+            sq = sum(qs)
+            span = sq + sum(cs)
+            return c_.time(F, B, {"q_len": sq / n, "span": span / n, "units": n * H, "head_dim": d_qk, "bytes": B})
+        e = self.eff
+        return self._roof(F, B, e.attention_compute, e.attention_memory, self.hw.bf16_flops)
+
+    def _decode(self, nd: int, ctx_sum: int, ctx_max: int) -> float:
+        mean = ctx_sum / nd
+        mode = self.mla_mode
+        if mode == "module-table":
+            return max(self.mla_dec(nd, mean + 1), self.mla_dec(1, ctx_max + 1))
+        if mode == "module-fit":
+            return max(self._mla_dec_fit(nd, mean), self._mla_dec_fit(1, ctx_max))
+        if mode == "decomposed":
+            m = self.model
+            H = self.heads
+            F, B = ops.mla_decode(nd, ctx_sum, H, m.kv_lora_rank, m.qk_rope_head_dim, self.kv_tok)
+            F1, B1 = ops.mla_decode(1, ctx_max, H, m.kv_lora_rank, m.qk_rope_head_dim, self.kv_tok)
+            core = max(self._roof(F, B, FLASHMLA_COMPUTE_EFF, FLASHMLA_MEMORY_EFF, self.hw.bf16_flops),
+                       self._roof(F1, B1, FLASHMLA_COMPUTE_EFF, FLASHMLA_MEMORY_EFF, self.hw.bf16_flops))
+            return core + self.uk_fn(nd) + self.uv_fn(nd)
+        if self.dec_grid is not None:
+            return max(self.dec_grid(nd, mean + 1), self.dec_grid(1, ctx_max + 1))
+        return max(self._gqa_dec(nd, ctx_sum), self._gqa_dec(1, ctx_max))
+
+    def _gqa_dec(self, nd: int, ctx_sum: float) -> float:
+        m = self.model
+        F, B = ops.attention_decode(nd, ctx_sum, self.heads, m.head_dim, m.head_dim, self.kv_tok)
+        c = getattr(self, "dec_curve", None)
+        if c is not None:
+            return c.time(F, B, {"units": nd * self.heads, "head_dim": m.head_dim, "kv_len": ctx_sum / nd + 1,
+                                 "kv_units": nd * self.kv_heads, "bytes": B})
+        e = self.eff
+        return self._roof(F, B, e.attention_compute, e.attention_memory, self.hw.bf16_flops)
+
+    def _mla_dec_fit(self, nd: int, mean: float) -> float:
+        F, B = mla_module_work(self.model, self.heads, nd, kv_len=mean, w_bytes=self.wb,
+                               kv_bytes=dtype_bytes(self.kvdtype))
+        return self.mla_dec_curve.time(F, B, {"batch": nd, "heads": self.heads, "kv_len": mean + 1, "bytes": B})
+
+    def _attention_work(self, shape: BatchShape) -> tuple[tuple[float, float], tuple[float, float]]:
+        """((FLOPs, bytes) of the prefill part, (FLOPs, bytes) of the decode part) of one layer's attention core
+        (MLA: the un-absorbed prefill and the absorbed FlashMLA decode; projections are separate operators)."""
+        m = self.model
+        Fp = Bp = Fd = Bd = 0.0
+        if m.is_mla:
+            d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+            for q, c in zip(shape.prefill_new, shape.prefill_context):
+                f, b = ops.attention_prefill(q, c, self.heads, self.heads, d_qk, d_v, self.heads * (d_qk + d_v) * 2.0)
+                Fp, Bp = Fp + f, Bp + b
+            if shape.num_decodes:
+                Fd, Bd = ops.mla_decode(shape.num_decodes, shape.decode_sum, self.heads, m.kv_lora_rank,
+                                        m.qk_rope_head_dim, self.kv_tok)
+            return (Fp, Bp), (Fd, Bd)
+        for q, c in zip(shape.prefill_new, shape.prefill_context):
+            f, b = ops.attention_prefill(q, c, self.heads, self.kv_heads, m.head_dim, m.head_dim, self.kv_tok)
+            Fp, Bp = Fp + f, Bp + b
+        if shape.num_decodes:
+            Fd, Bd = ops.attention_decode(shape.num_decodes, shape.decode_sum, self.heads, m.head_dim, m.head_dim,
+                                          self.kv_tok)
+        return (Fp, Bp), (Fd, Bd)
+
+    # ------------------------------------------------------------------------------------------ step
+    def _token_terms(self, T: int, S: int) -> tuple[float, float, dict[str, float]]:
+        """(GPU seconds, eager host-bound extra seconds, seconds per operator) of the token-only operators."""
+        key = (T, S)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        parts: dict[str, float] = {}
+        extra = 0.0
+        floor = self.cpu_launch_s if self.enforce_eager else 0.0
+        for op in self.tok_ops:
+            t = op.fn(T, S)
+            if floor and t < op.kernels * floor:
+                extra += (op.kernels * floor - t) * op.calls
+            parts[op.name] = parts.get(op.name, 0.0) + t * op.calls
+        out = (sum(parts.values()), extra, parts)
+        self._cache[key] = out
+        return out
+
+    def _attn_extra(self, pre: float, dec: float) -> float:
+        """Eager host-bound extra of one layer's attention kernels (one per part present)."""
+        if not self.enforce_eager:
+            return 0.0
+        f = self.cpu_launch_s
+        return (max(0.0, f - pre) if pre else 0.0) + (max(0.0, f - dec) if dec else 0.0)
+
+    def step_time(self, shape: BatchShape) -> float:
+        if shape.num_tokens == 0:
+            return self.eff.step_overhead_s
+        tok, extra, _ = self._token_terms(shape.dense_tokens, shape.num_seqs)
+        pre, dec = self._attention_layer(shape)
+        t = tok + (pre + dec) * self.attn_calls + self.eff.step_overhead_s
+        if self.enforce_eager:
+            t += extra + self._attn_extra(pre, dec) * self.attn_calls
+        return t
+
+    def breakdown(self, shape: BatchShape) -> dict[str, float]:
+        """Seconds per operator over the whole step (all layers), plus ``overhead`` and, in eager mode,
+        ``host_launch_bound`` (time kernels wait for the host to issue them); sums to :meth:`step_time`."""
+        if shape.num_tokens == 0:
+            return {"overhead": self.eff.step_overhead_s}
+        tok, extra, parts = self._token_terms(shape.dense_tokens, shape.num_seqs)
+        pre, dec = self._attention_layer(shape)
+        out = dict(parts)
+        key = "attention" if self.mla_mode != "module-table" else "mla_module"
+        out[f"{key}_prefill"] = pre * self.attn_calls
+        out[f"{key}_decode"] = dec * self.attn_calls
+        if self.enforce_eager:
+            out["host_launch_bound"] = extra + self._attn_extra(pre, dec) * self.attn_calls
+        out["overhead"] = self.eff.step_overhead_s
+        return out
+
+    def op_calls(self, shape: BatchShape) -> list[tuple[float, int, int]]:
+        """(GPU seconds per call, calls, kernels per call) of every operator of the step, for fitting host
+        overheads (lab/costmodel/checks.py)."""
+        T, S = shape.dense_tokens, shape.num_seqs
+        rows = [(op.fn(T, S), op.calls, op.kernels) for op in self.tok_ops]
+        pre, dec = self._attention_layer(shape)
+        if pre:
+            rows.append((pre, self.attn_calls, 1))
+        if dec:
+            rows.append((dec, self.attn_calls, 1))
+        return rows
+
+    def explain(self, shape: BatchShape) -> list[OpRow]:
+        """Every operator of the step with its calls, total time, source, FLOPs and bytes (summed over calls)."""
+        T, S = shape.dense_tokens, shape.num_seqs
+        rows: list[OpRow] = []
+        if T == 0:
+            return [OpRow("overhead", "overhead", 1, self.eff.step_overhead_s, "config", 0.0, 0.0)]
+        tok, extra, parts = self._token_terms(T, S)
+        for op in self.tok_ops:
+            f, b = op.work(T, S)
+            rows.append(OpRow(op.name, op.group, op.calls, op.fn(T, S) * op.calls, op.source, f * op.calls,
+                              b * op.calls))
+        pre, dec = self._attention_layer(shape)
+        (Fp, Bp), (Fd, Bd) = self._attention_work(shape)
+        name = "attention" if self.mla_mode != "module-table" else "mla_module"
+        n = self.attn_calls
+        if shape.prefill_new:
+            rows.append(OpRow(f"{name}_prefill", "attention", n, pre * n, str(self.pre_src), Fp * n, Bp * n))
+        if shape.num_decodes:
+            rows.append(OpRow(f"{name}_decode", "attention", n, dec * n, str(self.dec_src), Fd * n, Bd * n))
+        if self.enforce_eager:
+            rows.append(OpRow("host_launch_bound", "overhead", 1, extra + self._attn_extra(pre, dec) * self.attn_calls,
+                              f"eager: {self.cpu_launch_s * 1e6:.1f} us per kernel launch", 0.0, 0.0))
+        rows.append(OpRow("overhead", "overhead", 1, self.eff.step_overhead_s, "step_overhead_s", 0.0, 0.0))
+        return rows
+
+    # ------------------------------------------------------------------------------------------ MTP
+    def mtp_time(self, shape: BatchShape) -> float:
+        """Seconds of one pass of the model's MTP module (DeepSeek ``num_nextn_predict_layers``) over the batch:
+        one decoder layer of the MoE kind plus its eh_proj GEMM (2h -> h), the shared LM head and sampler. Zero
+        for models without MTP. For the speculative-decoding drafter cost."""
+        m = self.model
+        if not m.num_mtp_layers or shape.num_tokens == 0:
+            return 0.0
+        T, S = shape.num_tokens, shape.num_seqs
+        per_call = {"norms": 2, "qkv_proj": 1, "o_proj": 1, "rope": 1, "qk_norm": 1, "qkv_a_proj": 1, "q_b_proj": 1,
+                    "q_proj": 1, "q_kv_a_norms": 1, "kv_a_norm": 1, "router": 1, "moe_experts": 1,
+                    "shared_gate_up": 1, "shared_act": 1, "shared_down": 1, "ep_alltoall": 1,
+                    "allreduce": 2 if self.par.ep == 1 else 1}
+        if not m.is_moe:
+            per_call.update({"gate_up_proj": 1, "act": 1, "down_proj": 1})
+        per_layer = sum(op.fn(T, S) * per_call[op.name] for op in self.tok_ops if op.name in per_call)
+        pre, dec = self._attention_layer(shape)
+        eh, _, _ = self._gemm_fn(m.hidden_size, 2 * m.hidden_size)
+        head = sum(op.fn(T, S) for op in self.tok_ops if op.name in ("lm_head", "sampler", "logits_gather"))
+        return m.num_mtp_layers * (per_layer + pre + dec + eh(T)) + head
+
+
+def load_curves(path=None) -> CurveSet:
+    """The fitted coefficients: ``path`` or the file the project ships (lab/data/costmodel_coefficients.json).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: not a coefficients file.
+    """
+    import json
+    from importlib import resources
+    from pathlib import Path
+
+    if path is None:
+        res = resources.files("lab").joinpath("data/costmodel_coefficients.json")
+        if not res.is_file():
+            return CurveSet()
+        return CurveSet.from_json(json.loads(res.read_text()), "lab/data/costmodel_coefficients.json")
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"cost_model.coefficients: {p} does not exist")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"cost_model.coefficients: {p} is not JSON: {e}") from None
+    return CurveSet.from_json(data, str(p))
+
+
+
+def build_operator_cost_model(exp, model: ModelArch, hw: Hardware) -> OperatorCostModel:
+    """The operator cost model an experiment asks for (``cost_model.kind: operator``).
+
+    Raises:
+        FileNotFoundError / ValueError: a missing table folder or coefficients file, or a bad parallelism.
+    """
+    from lab.costmodel.profiles import ProfileError
+
+    c = exp.cost_model
+    h = exp.hardware
+    par = Parallelism(h.tensor_parallel_size, h.pipeline_parallel_size, h.expert_parallel_size, h.data_parallel_size)
+    tables = None
+    if c.tables:
+        paths = [exp.path(t, f"cost_model.tables[{i}]") for i, t in enumerate(c.tables)]
+        for p in paths:
+            if not p.exists():
+                raise FileNotFoundError(f"cost_model.tables: {p} does not exist")
+        try:
+            from lab.costmodel.tables import load_tables
+
+            tables = TableSet(load_tables(paths), hw.name)
+        except ProfileError as e:
+            raise ValueError(f"cost_model.tables: {e}") from None
+    curves = load_curves(exp.path(c.coefficients, "cost_model.coefficients") if c.coefficients else None)
+    over = {k: v for k, v in c.efficiency.model_dump().items() if v is not None}
+    kv_dtype = exp.model.dtype if exp.model.kv_cache_dtype == "auto" else exp.model.kv_cache_dtype
+    link = (h.link_gbps * 1e9) if h.link_gbps else None
+    return OperatorCostModel(model, hw, par, weight_dtype=exp.model.dtype, kv_dtype=kv_dtype, tables=tables,
+                             curves=curves, efficiency=Efficiency(**over), link_bandwidth=link,
+                             link_latency_s=h.link_latency_us * 1e-6, moe_imbalance=c.moe_imbalance,
+                             enforce_eager=not exp.engine.cudagraph, cpu_launch_s=c.cpu_launch_us * 1e-6)
