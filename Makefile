@@ -22,5 +22,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+bench: $(STAMP)
+	$(BIN)/servelab bench
+
 clean:
 	rm -rf $(VENV) reports/*/ .pytest_cache

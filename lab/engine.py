@@ -326,7 +326,14 @@ class Instance:
     # ---- arrivals ----
     def add_request(self, request: Request) -> None:
         """Accept an arriving request, or reject it with a reason if it can never be served."""
-        self.materialize()
+        p = self._plan
+        if p is not None:
+            if self.env.now > (p.start if p.k == 1 else float(p.ends[p.k - 2])):
+                # It arrives during the jump's last step, whose schedule is already made: nothing before the jump
+                # ends can see it, so the jump runs to its end (the step records count it as waiting).
+                p.deferred_arrivals += 1
+            else:
+                self.materialize()
         self.steady = False
         now = self.env.now
         gap = now - self._last_arrival
@@ -546,6 +553,8 @@ class Instance:
                     if self.jumping is not None:
                         self.jumping.discard(self)
                     ff.apply(self, p, p.k, p.k)
+                    if p.deferred_arrivals:
+                        self.steps.cols["num_waiting"][-1] += p.deferred_arrivals
                     self.jumped_steps += p.k
                     inflight = ff.step_for(p, p.k - 1) if p.async_ else None
                     continue

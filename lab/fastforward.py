@@ -39,7 +39,7 @@ class Plan:
 
     __slots__ = ("reqs", "rem", "C0", "O0", "k", "dts", "ends", "events", "start", "first", "async_",
                  "applied_sched", "applied_out", "num_waiting", "new_first", "used", "finish_at", "sizes",
-                 "_ev_pos", "_counts")
+                 "_ev_pos", "_counts", "deferred_arrivals")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -47,6 +47,7 @@ class Plan:
         self.used: list[int] = []
         self._ev_pos = 0
         self._counts = None
+        self.deferred_arrivals = 0  # arrivals during the last planned step (they do not interrupt the jump)
 
 
 def steady_batch(inst) -> bool:
