@@ -293,17 +293,24 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
         # schedules a_s .. s_end-1: block operations in order, and the blocks in use after each
         cur = usable - len(pool.free_queue)
         used = plan.used
-        for j in range(a_s, s_end):
-            while ev_pos < len(events) and events[ev_pos][0] == j:
-                _, i, kind = events[ev_pos]
-                r = reqs[i]
-                if kind == 0:
-                    r.blocks.extend(pool.get_new_blocks(1))
-                    cur += 1
-                else:
-                    kv._register(r, (plan.C0[i] + j + 1) // bs if not async_ else (plan.C0[i] + j) // bs)
-                ev_pos += 1
-            used.append(cur)
+        n_ev = len(events)
+        j_prev = a_s
+        while ev_pos < n_ev:
+            j, i, kind = events[ev_pos]
+            if j >= s_end:
+                break
+            if j > j_prev:  # schedules without block operations in between
+                used.extend([cur] * (j - j_prev))
+                j_prev = j
+            r = reqs[i]
+            if kind == 0:
+                r.blocks.extend(pool.get_new_blocks(1))
+                cur += 1
+            else:
+                kv._register(r, (plan.C0[i] + j + 1) // bs if not async_ else (plan.C0[i] + j) // bs)
+            ev_pos += 1
+        if s_end > j_prev:
+            used.extend([cur] * (s_end - j_prev))
         a_s = max(a_s, s_end)
         if o_end > a_o:
             _outputs(inst, plan, a_o, o_end, a_s)
