@@ -23,6 +23,7 @@ from bisect import bisect_left
 import numpy as np
 
 from lab.costmodel.base import BatchShape
+from lab.kv_cache import unique_content
 from lab.request import RequestStatus
 
 # Longest jump planned at once (bounds the planning work wasted when an arrival interrupts it).
@@ -39,7 +40,7 @@ class Plan:
 
     __slots__ = ("reqs", "rem", "C0", "O0", "k", "dts", "ends", "events", "start", "first", "async_",
                  "applied_sched", "applied_out", "num_waiting", "new_first", "used", "finish_at", "sizes",
-                 "_ev_pos", "_counts", "deferred_arrivals")
+                 "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "bs")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -163,20 +164,28 @@ def plan(inst, stop_time: float) -> Plan | None:
     k = min(k, n_exec)
     if k < 2:
         return None
-    # KV: the first schedule whose new blocks (frees not counted) exceed the free blocks would preempt.
+    # KV: the first schedule whose new blocks (frees not counted) exceed the free blocks would preempt. Request i
+    # takes a block at schedules j0, j0 + bs, ... below min(rem, k); count them all first (the common case fits).
     free = len(kv.pool.free_queue)
-    allocs = [0] * k
-    for c, m in zip(C0, rem):
-        for j in range((-c) % bs, min(m, k), bs):
-            allocs[j] += 1
     total = 0
-    for j, a in enumerate(allocs):
-        total += a
-        if total > free:
-            k = j
-            break
-    if k < 2:
-        return None
+    for c, m in zip(C0, rem):
+        j0 = (-c) % bs
+        top = m if m < k else k
+        if top > j0:
+            total += (top - j0 + bs - 1) // bs
+    if total > free:
+        allocs = [0] * k
+        for c, m in zip(C0, rem):
+            for j in range((-c) % bs, min(m, k), bs):
+                allocs[j] += 1
+        total = 0
+        for j, a in enumerate(allocs):
+            total += a
+            if total > free:
+                k = j
+                break
+        if k < 2:
+            return None
     p = Plan()
     p.reqs = list(running)
     p.rem = rem
@@ -191,7 +200,9 @@ def plan(inst, stop_time: float) -> Plan | None:
     p.sizes = sizes
     p.num_waiting = len(inst.waiting)
     p.new_first = new_first
-    p.events = _block_events(C0, rem, k, bs, async_, caching)
+    # requests whose content is unique register nothing anyone can hit: only their count of full blocks matters,
+    # which _sync_counters keeps
+    p.events = _block_events(C0, rem, k, bs, async_, caching, [unique_content(r) for r in running])
     # completions by step: step q -> positions finishing at its output, in batch order
     finish_at: dict[int, list[int]] = {}
     for i, f in enumerate(fin):
@@ -199,11 +210,13 @@ def plan(inst, stop_time: float) -> Plan | None:
             finish_at.setdefault(f, []).append(i)
     p.finish_at = finish_at
     p._counts = counts[:k]
+    p.bs = bs
+    p.caching_unique = [caching and unique_content(r) for r in running]
     return p
 
 
-def _block_events(C0: list[int], rem: list[int], k: int, bs: int, async_: bool,
-                  caching: bool) -> list[tuple[int, int, int]]:
+def _block_events(C0: list[int], rem: list[int], k: int, bs: int, async_: bool, caching: bool,
+                  unique: list[bool]) -> list[tuple[int, int, int]]:
     """(schedule j, request position, kind) in execution order; kind 0 = take a new block, 1 = register the
     block that just filled. Within one request's allocation the new block comes first (vLLM ``allocate_slots``)."""
     ev = []
@@ -211,7 +224,7 @@ def _block_events(C0: list[int], rem: list[int], k: int, bs: int, async_: bool,
         top = min(rem[i], k)
         for j in range((-c) % bs, top, bs):
             ev.append((j, i, 0))
-        if caching:
+        if caching and not unique[i]:
             # sync: a block fills when C0 + j + 1 is a multiple of bs; async (one token behind): when C0 + j is
             for j in range(((-c) % bs) if async_ else ((-c - 1) % bs), top, bs):
                 ev.append((j, i, 1))
@@ -263,10 +276,14 @@ def _sync_counters(plan: Plan, i: int, r, n_sched: int, n_out: int) -> None:
     else:
         out = n_out if n_out < m else m
         in_flight = sched - out
-    r.num_computed_tokens = plan.C0[i] + sched
+    c = plan.C0[i] + sched
+    r.num_computed_tokens = c
     r.num_output_tokens = plan.O0[i] + out
     r.num_output_placeholders = in_flight
     r.inflight_tokens = in_flight
+    if plan.caching_unique[i]:
+        # full blocks registered by the last schedule: min(C, num_tokens at that schedule) // block_size
+        r.num_cached_blocks = (c - 1) // plan.bs if plan.async_ else c // plan.bs
     if out:
         r.last_token_time = float(plan.ends[out - 1])
 

@@ -13,7 +13,7 @@ from collections import deque
 from lab.request import Request
 
 
-def _unique(request: Request) -> bool:
+def unique_content(request: Request) -> bool:
     """Content unique to the request (no token ids, no hash ids): no other request can ever hit its blocks."""
     return request.prompt_token_ids is None and request.hash_ids is None
 
@@ -310,7 +310,7 @@ class KVCacheManager:
         max_blocks = (request.num_tokens - 1) // bs
         if max_blocks <= 0:
             return [], 0
-        if _unique(request):
+        if unique_content(request):
             # Content unique to this request: only its own full blocks, freed by a preemption and not handed out
             # since (still free, same free-queue entry), can hit.
             prev = request.prev_blocks
@@ -415,7 +415,7 @@ class KVCacheManager:
         their free-queue entries (see :meth:`free`)."""
         blocks = request.blocks
         start = request.num_cached_blocks
-        if _unique(request):
+        if unique_content(request):
             pass  # nothing else can hit them: only the count matters (where they go when freed)
         else:
             hashes = request.ensure_block_hashes(num_full, self.block_size)
@@ -440,7 +440,7 @@ class KVCacheManager:
         """
         blocks = request.blocks
         if blocks:
-            if _unique(request):
+            if unique_content(request):
                 seqs = self.pool.free_unique(blocks, request.num_cached_blocks)
                 if not finished:
                     request.prev_blocks = (blocks, seqs)  # a resumed request can hit these while untouched
