@@ -211,6 +211,7 @@ class Instance:
         self._plan: ff.Plan | None = None
         self._cont = None
         self.jumping: set | None = None
+        self._ff_pad_table = None
         # Expected time of this instance's next arrival (sizes fast-forward plans; correctness never depends on it)
         self.arrival_hint: Callable[[], float] = lambda: float("inf")
         self._last_arrival = 0.0

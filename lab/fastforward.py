@@ -19,6 +19,7 @@ completed by then and the step under way continues normally. ``simulation.fast_f
 from __future__ import annotations
 
 from bisect import bisect_left
+from itertools import accumulate
 
 import numpy as np
 
@@ -122,26 +123,19 @@ def plan(inst, stop_time: float) -> Plan | None:
     sizes = opt.cudagraph_sizes
     hint = inst.arrival_hint()
     order = sorted(range(len(rem)), key=rem.__getitem__)
-    srem = np.array([rem[i] for i in order], dtype=np.int64)
-    sc = np.array([C0[i] for i in order], dtype=np.int64)
-    n = len(order)
-    suf_sum = np.concatenate((np.cumsum(sc[::-1])[::-1], [0]))
-    suf_max = np.concatenate((np.maximum.accumulate(sc[::-1])[::-1], [0]))
-    suf_min = np.concatenate((np.minimum.accumulate(sc[::-1])[::-1], [0]))
-    js = np.arange(k, dtype=np.int64)
-    idx = np.searchsorted(srem, js, side="right")  # first participant in rem order
-    counts = n - idx
-    dsum = suf_sum[idx] + counts * js
-    dmax = suf_max[idx] + js
-    dmin = suf_min[idx] + js
-    if sizes:
-        top = sizes[-1]
-        sz = np.asarray(sizes)
-        padded = np.where(counts <= top, sz[np.minimum(np.searchsorted(sz, counts), len(sz) - 1)], 0)
-    else:
-        padded = np.zeros(k, dtype=np.int64)
-    cost = inst.cost_model
     by_rem = [C0[i] for i in order]
+    n = len(order)
+    rev = by_rem[::-1]
+    suffix = np.array([list(accumulate(rev))[::-1] + [0], list(accumulate(rev, max))[::-1] + [0],
+                       list(accumulate(rev, min))[::-1] + [0]], dtype=np.int64)
+    js = np.arange(k, dtype=np.int64)
+    idx = np.searchsorted(np.array([rem[i] for i in order]), js, side="right")  # first participant in rem order
+    counts = n - idx
+    dsum = suffix[0, idx] + counts * js
+    dmax = suffix[1, idx] + js
+    dmin = suffix[2, idx] + js
+    padded = _pad_table(inst)[counts]
+    cost = inst.cost_model
     kk = min(k, 64)  # grow in chunks until the expected arrival: a short jump costs little to plan
     while True:
         dts = decode_times(cost, counts[:kk], dsum[:kk], dmax[:kk], dmin[:kk], padded[:kk], by_rem)
@@ -213,6 +207,21 @@ def plan(inst, stop_time: float) -> Plan | None:
     p.bs = bs
     p.caching_unique = [caching and unique_content(r) for r in running]
     return p
+
+
+def _pad_table(inst) -> np.ndarray:
+    """Padded token count of a pure-decode step by its batch size (0 = above the largest CUDA-graph size)."""
+    t = getattr(inst, "_ff_pad_table", None)
+    if t is None:
+        sizes = inst.options.cudagraph_sizes
+        top = max(inst.config.max_num_seqs, inst.config.max_num_batched_tokens) + 1
+        t = np.zeros(top + 1, dtype=np.int64)
+        if sizes:
+            b = np.arange(top + 1)
+            sz = np.asarray(sizes)
+            t = np.where(b <= sizes[-1], sz[np.minimum(np.searchsorted(sz, b), len(sz) - 1)], 0)
+        inst._ff_pad_table = t
+    return t
 
 
 def _block_events(C0: list[int], rem: list[int], k: int, bs: int, async_: bool, caching: bool,
