@@ -329,7 +329,7 @@ class Instance:
         """Accept an arriving request, or reject it with a reason if it can never be served."""
         p = self._plan
         if p is not None:
-            if self.env.now > (p.start if p.k == 1 else float(p.ends[p.k - 2])):
+            if self.env.now > (p.start if p.k == 1 else p.ends_l[p.k - 2]):
                 # It arrives during the jump's last step, whose schedule is already made: nothing before the jump
                 # ends can see it, so the jump runs to its end (the step records count it as waiting).
                 p.deferred_arrivals += 1

@@ -41,7 +41,7 @@ class Plan:
 
     __slots__ = ("reqs", "rem", "C0", "O0", "k", "dts", "ends", "events", "start", "first", "async_",
                  "applied_sched", "applied_out", "num_waiting", "new_first", "used", "finish_at", "sizes",
-                 "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "bs")
+                 "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "bs", "ends_l")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -188,6 +188,7 @@ def plan(inst, stop_time: float) -> Plan | None:
     p.k = k
     p.dts = dts[:k]
     p.ends = ends[:k]
+    p.ends_l = p.ends.tolist()
     p.start = env_now
     p.first = first
     p.async_ = async_
@@ -270,7 +271,7 @@ def step_for(plan: Plan, j: int):
     shape = BatchShape.decode_only(ctx, 0, sum(ctx), max(ctx), min(ctx))
     sizes = plan.sizes
     shape.padded_tokens = sizes[bisect_left(sizes, B)] if sizes and B <= sizes[-1] else 0
-    at = plan.start if j == 0 else float(plan.ends[j - 1])
+    at = plan.start if j == 0 else plan.ends_l[j - 1]
     used = plan.used[j] if j < len(plan.used) else 0
     return _Step(reqs, [1] * B, [True] * B, shape, float(plan.dts[j]), at, used, 0)
 
@@ -294,7 +295,7 @@ def _sync_counters(plan: Plan, i: int, r, n_sched: int, n_out: int) -> None:
         # full blocks registered by the last schedule: min(C, num_tokens at that schedule) // block_size
         r.num_cached_blocks = (c - 1) // plan.bs if plan.async_ else c // plan.bs
     if out:
-        r.last_token_time = float(plan.ends[out - 1])
+        r.last_token_time = plan.ends_l[out - 1]
 
 
 def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
@@ -343,9 +344,32 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
             a_o = o_end
     plan._ev_pos = ev_pos
     plan.applied_sched, plan.applied_out = a_s, a_o
+    # counters of the requests still running (_sync_counters, inlined: this runs for every request of every jump)
+    running = RequestStatus.RUNNING
+    async_ = plan.async_
+    ends_l = plan.ends_l
+    cu = plan.caching_unique
+    bs = plan.bs
     for i, r in enumerate(reqs):
-        if r.status == RequestStatus.RUNNING:
-            _sync_counters(plan, i, r, n_sched, n_out)
+        if r.status != running:
+            continue
+        m = plan.rem[i]
+        sched = n_sched if n_sched < m else m
+        if async_:
+            out = 0 if n_out == 0 else (n_out if n_out < m + 1 else m + 1)
+            in_flight = 1 + sched - out
+        else:
+            out = n_out if n_out < m else m
+            in_flight = sched - out
+        c = plan.C0[i] + sched
+        r.num_computed_tokens = c
+        r.num_output_tokens = plan.O0[i] + out
+        r.num_output_placeholders = in_flight
+        r.inflight_tokens = in_flight
+        if cu[i]:
+            r.num_cached_blocks = (c - 1) // bs if async_ else c // bs
+        if out:
+            r.last_token_time = ends_l[out - 1]
 
 
 def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
@@ -361,7 +385,7 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     q = q0
     if async_ and q == 0:
         first = plan.first
-        end = float(ends[0])
+        end = plan.ends_l[0]
         sh = first.shape
         B = len(first.reqs)
         if B - plan.new_first:
@@ -385,8 +409,8 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     qb = q1 - 1 if last_fin else q1  # outputs q..qb-1 in bulk
     if qb > q:
         js = slice(q - off, qb - off)
-        e = ends[q:qb].tolist()
-        st = [plan.start if q == 0 else float(ends[q - 1])] + e[:-1]
+        e = plan.ends_l[q:qb]
+        st = [plan.start if q == 0 else plan.ends_l[q - 1]] + e[:-1]
         ds = plan.dts[js].tolist()
         bs_ = counts[js].tolist()
         us = plan.used[q - off:qb - off]
@@ -401,8 +425,8 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     if last_fin:
         q = q1 - 1
         j = q - off
-        end = float(ends[q])
-        start = plan.start if q == 0 else float(ends[q - 1])
+        end = plan.ends_l[q]
+        start = plan.start if q == 0 else plan.ends_l[q - 1]
         B = int(counts[j])
         inst.itl.add(end - start, B)
         _finishes(inst, plan, q, n_sched)
@@ -423,7 +447,7 @@ def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
     if not done:
         return
     kv = inst.kv
-    end = float(plan.ends[q])
+    end = plan.ends_l[q]
     for i in done:
         r = plan.reqs[i]
         _sync_counters(plan, i, r, n_sched, q + 1)

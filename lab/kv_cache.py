@@ -215,26 +215,26 @@ class BlockPool:
         q = fq._q
         seq = fq._seq
         n = len(blocks)
-        tail_first = not self.prepend_unhashed
-        for b in reversed(blocks[num_full:]):
-            seq += 1
+        partial = blocks[num_full:]
+        if partial:
+            tail_first = not self.prepend_unhashed
+            for b in reversed(partial):
+                seq += 1
+                b.ref_cnt = 0
+                b.free_seq = seq
+                if tail_first:
+                    q.append((seq, b))
+                else:
+                    q.appendleft((seq, b))
+        full_rev = blocks[num_full - 1::-1] if num_full else []
+        nums = range(seq + 1, seq + 1 + num_full)
+        q.extend(zip(nums, full_rev))
+        for b, s in zip(full_rev, nums):
             b.ref_cnt = 0
-            b.free_seq = seq
-            if tail_first:
-                q.append((seq, b))
-            else:
-                q.appendleft((seq, b))
-        seqs = [0] * num_full
-        for i in range(num_full - 1, -1, -1):
-            b = blocks[i]
-            seq += 1
-            b.ref_cnt = 0
-            b.free_seq = seq
-            q.append((seq, b))
-            seqs[i] = seq
-        fq._seq = seq
+            b.free_seq = s
+        fq._seq = seq + num_full
         fq.n += n
-        return seqs
+        return list(nums)[::-1]
 
     def cache_block(self, block: Block, block_hash: int) -> None:
         """Register a full block under its hash (vLLM ``cache_full_blocks``)."""
