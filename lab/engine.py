@@ -33,6 +33,8 @@ STEP_COLUMNS = (
     "instance", "start", "duration", "scheduled_tokens", "prefill_tokens", "decode_requests", "batch_size",
     "kv_blocks_used", "kv_usage", "num_running", "num_waiting", "num_preempted", "output_tokens", "transfer_s",
 )
+# what a StepLog stores per row; "instance" and "kv_usage" (= kv_blocks_used / usable blocks) are added when read
+_LOGGED = tuple(c for c in STEP_COLUMNS if c not in ("instance", "kv_usage"))
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,17 @@ class _Step:
 class StepLog:
     """Per-step records of one instance, kept column-wise in compact arrays (one row per step).
 
-    With ``spill_path`` set, every ``chunk_rows`` rows are written to that Parquet file and dropped from memory, so
-    a long run's memory does not grow with its history; :meth:`frames` yields the whole log chunk by chunk.
+    Rows hold ``start, duration, scheduled_tokens, prefill_tokens, decode_requests, batch_size, kv_blocks_used,
+    num_running, num_waiting, num_preempted, output_tokens, transfer_s``; :meth:`frames` adds ``instance`` and
+    ``kv_usage``. With ``spill_path`` set, every ``chunk_rows`` rows are written to that Parquet file and dropped
+    from memory, so a long run's memory does not grow with its history.
     """
 
-    def __init__(self, spill_path: str | None = None, chunk_rows: int = 1 << 16) -> None:
-        self.cols = {c: array("d") for c in STEP_COLUMNS}
+    def __init__(self, instance_id: int = 0, usable_blocks: int = 1, spill_path: str | None = None,
+                 chunk_rows: int = 1 << 16) -> None:
+        self.instance_id = instance_id
+        self.usable_blocks = usable_blocks
+        self.cols = {c: array("d") for c in _LOGGED}
         self._cols = list(self.cols.values())
         self.spill_path = spill_path
         self.chunk_rows = chunk_rows
@@ -110,14 +117,36 @@ class StepLog:
         for c, v in zip(self._cols, row):
             c.append(v)
 
-    def extend(self, *cols, n: int) -> None:
-        """Append ``n`` rows at once; each argument is a list of ``n`` values or one value for every row."""
-        for c, v in zip(self._cols, cols):
-            c.extend(v if isinstance(v, list) else [v] * n)
+    def extend(self, start: list, duration: list, batch: list, used: list, running: int, waiting: int) -> None:
+        """Append pure-decode rows (fast-forward): ``batch[i]`` requests each computing and sampling one token."""
+        n = len(start)
+        (c_start, c_dur, c_sched, c_pre, c_dec, c_batch, c_used, c_run, c_wait, c_pree, c_out,
+         c_xfer) = self._cols
+        c_start.extend(start)
+        c_dur.extend(duration)
+        c_sched.extend(batch)
+        zeros = [0.0] * n
+        c_pre.extend(zeros)
+        c_dec.extend(batch)
+        c_batch.extend(batch)
+        c_used.extend(used)
+        c_run.extend([running] * n)
+        c_wait.extend([waiting] * n)
+        c_pree.extend(zeros)
+        c_out.extend(batch)
+        c_xfer.extend(zeros)
 
     def maybe_spill(self) -> None:
         if self.spill_path is not None and len(self._cols[0]) >= self.chunk_rows:
             self.flush()
+
+    def _frame_columns(self) -> dict:
+        cols = {k: np.frombuffer(v, dtype=float) if len(v) else np.array([], float) for k, v in self.cols.items()}
+        n = len(cols["start"])
+        out = {"instance": np.full(n, float(self.instance_id))}
+        for c in STEP_COLUMNS[1:]:
+            out[c] = cols["kv_blocks_used"] / self.usable_blocks if c == "kv_usage" else cols[c]
+        return out
 
     def flush(self) -> None:
         """Write the rows held in memory to the spill file."""
@@ -127,12 +156,12 @@ class StepLog:
         n = len(self._cols[0])
         if not n or self.spill_path is None:
             return
-        table = pa.table({k: np.frombuffer(v, dtype=float) for k, v in self.cols.items()})
+        table = pa.table(self._frame_columns())
         if self._writer is None:
             self._writer = pq.ParquetWriter(self.spill_path, table.schema)
         self._writer.write_table(table)
         self.spilled_rows += n
-        self.cols = {c: array("d") for c in STEP_COLUMNS}
+        self.cols = {c: array("d") for c in _LOGGED}
         self._cols = list(self.cols.values())
 
     def close(self) -> None:
@@ -150,7 +179,7 @@ class StepLog:
             for batch in pq.ParquetFile(self.spill_path).iter_batches(batch_size=chunk_rows):
                 yield batch.to_pandas()
         if len(self._cols[0]):
-            yield pd.DataFrame({k: np.frombuffer(v, dtype=float) for k, v in self.cols.items()})
+            yield pd.DataFrame(self._frame_columns())
 
     def __len__(self) -> int:
         return self.spilled_rows + len(self._cols[0])
@@ -191,7 +220,7 @@ class Instance:
         self.itl = itl_samples
         self.on_done = on_done
         self.record_events = record_events
-        self.steps = StepLog()
+        self.steps = StepLog(instance_id, kv.pool.num_gpu_blocks - 1)
         self.breakdown: dict[str, array] = {}
         self.num_preemptions = 0
         self.busy_time = 0.0
@@ -489,10 +518,9 @@ class Instance:
         steps = self.steps
         if steps.spill_path is not None:
             steps.maybe_spill()
-        steps.append(self.instance_id, start, step.dt, shape.num_tokens,
-                          shape.num_tokens - shape.num_decodes, shape.num_decodes, shape.num_seqs, step.used_blocks,
-                          step.used_blocks / usable, len(self.running), len(self.waiting), step.num_preempted, sampled,
-                          step.xfer)
+        steps.append(start, step.dt, shape.num_tokens, shape.num_tokens - shape.num_decodes, shape.num_decodes,
+                     shape.num_seqs, step.used_blocks, len(self.running), len(self.waiting), step.num_preempted, sampled,
+                     step.xfer)
 
     def expected_next_arrival(self) -> float:
         """When the next request is expected here: now plus the mean recent gap between arrivals (the expected wait

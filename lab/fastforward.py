@@ -331,7 +331,7 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
                 j_prev = j
             r = reqs[i]
             if kind == 0:
-                r.blocks.extend(pool.get_new_blocks(1))
+                r.blocks.append(pool.get_new_block())
                 cur += 1
             else:
                 kv._register(r, (plan.C0[i] + j + 1) // bs if not async_ else (plan.C0[i] + j) // bs)
@@ -397,9 +397,8 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
                     if r.events is not None:
                         r.events.append((end, "first_token"))
         _finishes(inst, plan, 0, n_sched)
-        steps.append(iid, plan.start, first.dt, sh.num_tokens, sh.num_tokens - sh.num_decodes, sh.num_decodes,
-                     sh.num_seqs, first.used_blocks, first.used_blocks / usable, len(inst.running), nw,
-                     first.num_preempted, B, first.xfer)
+        steps.append(plan.start, first.dt, sh.num_tokens, sh.num_tokens - sh.num_decodes, sh.num_decodes,
+                     sh.num_seqs, first.used_blocks, len(inst.running), nw, first.num_preempted, B, first.xfer)
         inst.busy_time += first.dt
         q = 1
     if q >= q1:
@@ -416,8 +415,7 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         us = plan.used[q - off:qb - off]
         inst.itl.extend_pairs([a - b for a, b in zip(e, st)], bs_)
         n = qb - q
-        steps.extend(iid, st, ds, bs_, 0, bs_, bs_, us, [u / usable for u in us], len(inst.running), nw, 0, bs_,
-                     0.0, n=n)
+        steps.extend(st, ds, bs_, us, len(inst.running), nw)
         busy = inst.busy_time
         for d in ds:
             busy += d
@@ -432,7 +430,7 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         _finishes(inst, plan, q, n_sched)
         u = plan.used[j]
         d = float(plan.dts[j])
-        steps.append(iid, start, d, B, 0, B, B, u, u / usable, len(inst.running), nw, 0, B, 0.0)
+        steps.append(start, d, B, 0, B, B, u, len(inst.running), nw, 0, B, 0.0)
         inst.busy_time += d
 
 

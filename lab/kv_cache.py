@@ -174,6 +174,28 @@ class BlockPool:
         fq.n -= n
         return out
 
+    def get_new_block(self) -> Block:
+        """One block from the head of the free queue (:meth:`get_new_blocks` for n = 1, without the list)."""
+        fq = self.free_queue
+        if fq.stale or not fq.n:
+            return self.get_new_blocks(1)[0]
+        block = fq._q.popleft()[1]
+        fq.n -= 1
+        block.ref_cnt = 1
+        if block.block_hash is not None:
+            if block.in_map:
+                h = block.block_hash
+                entry = self.cached[h]
+                if entry is block:
+                    del self.cached[h]
+                else:
+                    del entry[block.block_id]
+                    if len(entry) == 1:
+                        self.cached[h] = next(iter(entry.values()))
+                block.in_map = False
+            block.block_hash = None
+        return block
+
     def touch(self, blocks: list[Block]) -> None:
         """Take a reference on prefix-hit blocks, removing free ones from the free queue."""
         fq = self.free_queue

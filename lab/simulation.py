@@ -247,7 +247,7 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
             inst.configure_swap(dep.model.kv_bytes_per_token(kv_dtype, exp.hardware.tensor_parallel_size),
                                 dep.hardware.pcie_bandwidth, exp.policy.preemption.swap_space_gb * 2**30)
         if spill_dir:
-            inst.steps = StepLog(os.path.join(spill_dir, f"steps_{i}.parquet"))
+            inst.steps = StepLog(i, dep.num_gpu_blocks - 1, os.path.join(spill_dir, f"steps_{i}.parquet"))
         inst.stop_time = horizon if horizon else float("inf")
         inst.jumping = jumping
         instances.append(inst)
