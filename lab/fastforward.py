@@ -197,7 +197,8 @@ def plan(inst, stop_time: float) -> Plan | None:
     p.new_first = new_first
     # requests whose content is unique register nothing anyone can hit: only their count of full blocks matters,
     # which _sync_counters keeps
-    p.events = _block_events(C0, rem, k, bs, async_, caching, [unique_content(r) for r in running])
+    unique = [unique_content(r) for r in running]
+    p.events = _block_events(C0, rem, k, bs, async_, caching, unique)
     # completions by step: step q -> positions finishing at its output, in batch order
     finish_at: dict[int, list[int]] = {}
     for i, f in enumerate(fin):
@@ -206,7 +207,7 @@ def plan(inst, stop_time: float) -> Plan | None:
     p.finish_at = finish_at
     p._counts = counts[:k]
     p.bs = bs
-    p.caching_unique = [caching and unique_content(r) for r in running]
+    p.caching_unique = unique if caching else [False] * len(unique)
     return p
 
 

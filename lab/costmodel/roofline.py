@@ -204,11 +204,15 @@ class RooflineCostModel:
         base = np.empty(n)
         # the batch (hence its padded size) changes only when a request finishes: constant over runs of steps
         terms = self._token_terms
-        lo = 0
-        for hi in (np.flatnonzero(nd[1:] != nd[:-1]) + 1).tolist() + [n]:
-            b = int(nd[lo])
-            base[lo:hi] = terms(int(padded[lo]) or b, b)["_sum"]
-            lo = hi
+        if nd[0] == nd[-1]:  # one batch throughout
+            b = int(nd[0])
+            base.fill(terms(int(padded[0]) or b, b)["_sum"])
+        else:
+            lo = 0
+            for hi in (np.flatnonzero(nd[1:] != nd[:-1]) + 1).tolist() + [n]:
+                b = int(nd[lo])
+                base[lo:hi] = terms(int(padded[lo]) or b, b)["_sum"]
+                lo = hi
         ctx = np.asarray(decode_sum, dtype=np.int64) + nd
         byts = ctx * self.kv_layer_bytes
         att = np.maximum(ctx * pair_decode / fl, byts / bw) + e.kernel_launch_s
