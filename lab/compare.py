@@ -19,10 +19,9 @@ from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from lab.config import ConfigError, _format_errors, deep_merge, parse_experiment
+from lab.config import ConfigError, _format_errors, deep_merge, parse_experiment, read_yaml
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
 
@@ -90,12 +89,7 @@ def load_comparison(path: str | Path, data_dir: str | Path | None = None,
         ConfigError: missing file, bad YAML, bad comparison fields, or an invalid run (the message names the run).
     """
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: comparison file does not exist")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    raw = read_yaml(p, "comparison file")
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: expected a YAML mapping at the top level")
     try:

@@ -342,15 +342,24 @@ def load_experiment(path: str | Path, data_dir: str | Path | None = None,
         ConfigError: missing file, YAML syntax error, or invalid fields.
     """
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: experiment file does not exist")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    data = read_yaml(p, "experiment file")
     if overrides:
         data = deep_merge(data or {}, overrides)
     return parse_experiment(data, str(p), p.resolve().parent, data_dir)
+
+
+def read_yaml(path: Path, what: str):
+    """Parse a YAML file.
+
+    Raises:
+        ConfigError: the file does not exist or is not valid YAML (the message names the file).
+    """
+    if not path.is_file():
+        raise ConfigError(f"{path}: {what} does not exist")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
 
 
 def deep_merge(base: dict, over: dict) -> dict:

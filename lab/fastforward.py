@@ -100,9 +100,9 @@ def plan(inst, stop_time: float) -> Plan | None:
             if not (async_ and o == 0 and r.first_token_time is None):
                 return None
             new_first += 1
-        if len(r.blocks) != -(-c // bs):
-            return None
-        if caching and r.num_cached_blocks != ((c - 1) // bs if async_ else c // bs):
+        # (a running request holds exactly ceil(C / block_size) blocks without lookahead slots: allocate_slots
+        # guarantees it, so it is not re-checked here; registered blocks are, for content others can hit)
+        if caching and r.num_cached_blocks != ((c - 1) // bs if async_ else c // bs) and not unique_content(r):
             return None
         C0.append(c)
         O0.append(o)
@@ -277,26 +277,35 @@ def step_for(plan: Plan, j: int):
     return _Step(reqs, [1] * B, [True] * B, shape, float(plan.dts[j]), at, used, 0)
 
 
-def _sync_counters(plan: Plan, i: int, r, n_sched: int, n_out: int) -> None:
-    """Set request i's counters for ``n_sched`` schedules and ``n_out`` steps applied."""
-    m = plan.rem[i]
-    sched = n_sched if n_sched < m else m
-    if plan.async_:
-        out = 0 if n_out == 0 else (n_out if n_out < m + 1 else m + 1)
-        in_flight = 1 + sched - out
-    else:
-        out = n_out if n_out < m else m
-        in_flight = sched - out
-    c = plan.C0[i] + sched
-    r.num_computed_tokens = c
-    r.num_output_tokens = plan.O0[i] + out
-    r.num_output_placeholders = in_flight
-    r.inflight_tokens = in_flight
-    if plan.caching_unique[i]:
-        # full blocks registered by the last schedule: min(C, num_tokens at that schedule) // block_size
-        r.num_cached_blocks = (c - 1) // plan.bs if plan.async_ else c // plan.bs
-    if out:
-        r.last_token_time = plan.ends_l[out - 1]
+def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
+    """Set the counters of the requests at ``indices`` (positions in the plan) for ``n_sched`` schedules and
+    ``n_out`` steps applied: C, outputs, placeholders and tokens in flight, full blocks (unique content), time of
+    the last token."""
+    reqs = plan.reqs
+    async_ = plan.async_
+    ends_l = plan.ends_l
+    cu = plan.caching_unique
+    bs = plan.bs
+    for i in indices:
+        r = reqs[i]
+        m = plan.rem[i]
+        sched = n_sched if n_sched < m else m
+        if async_:
+            out = 0 if n_out == 0 else (n_out if n_out < m + 1 else m + 1)
+            in_flight = 1 + sched - out
+        else:
+            out = n_out if n_out < m else m
+            in_flight = sched - out
+        c = plan.C0[i] + sched
+        r.num_computed_tokens = c
+        r.num_output_tokens = plan.O0[i] + out
+        r.num_output_placeholders = in_flight
+        r.inflight_tokens = in_flight
+        if cu[i]:
+            # full blocks registered by the last schedule: min(C, num_tokens at that schedule) // block_size
+            r.num_cached_blocks = (c - 1) // bs if async_ else c // bs
+        if out:
+            r.last_token_time = ends_l[out - 1]
 
 
 def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
@@ -345,32 +354,8 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
             a_o = o_end
     plan._ev_pos = ev_pos
     plan.applied_sched, plan.applied_out = a_s, a_o
-    # counters of the requests still running (_sync_counters, inlined: this runs for every request of every jump)
     running = RequestStatus.RUNNING
-    async_ = plan.async_
-    ends_l = plan.ends_l
-    cu = plan.caching_unique
-    bs = plan.bs
-    for i, r in enumerate(reqs):
-        if r.status != running:
-            continue
-        m = plan.rem[i]
-        sched = n_sched if n_sched < m else m
-        if async_:
-            out = 0 if n_out == 0 else (n_out if n_out < m + 1 else m + 1)
-            in_flight = 1 + sched - out
-        else:
-            out = n_out if n_out < m else m
-            in_flight = sched - out
-        c = plan.C0[i] + sched
-        r.num_computed_tokens = c
-        r.num_output_tokens = plan.O0[i] + out
-        r.num_output_placeholders = in_flight
-        r.inflight_tokens = in_flight
-        if cu[i]:
-            r.num_cached_blocks = (c - 1) // bs if async_ else c // bs
-        if out:
-            r.last_token_time = ends_l[out - 1]
+    _sync_counters(plan, [i for i, r in enumerate(reqs) if r.status == running], n_sched, n_out)
 
 
 def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
@@ -447,9 +432,9 @@ def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
         return
     kv = inst.kv
     end = plan.ends_l[q]
+    _sync_counters(plan, done, n_sched, q + 1)
     for i in done:
         r = plan.reqs[i]
-        _sync_counters(plan, i, r, n_sched, q + 1)
         r.status = RequestStatus.FINISHED
         r.finish_time = end
         r.num_output_placeholders = 0

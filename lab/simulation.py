@@ -278,7 +278,6 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     env.process(arrivals())
     # The run allocates many small objects and holds a large, stable set (requests, KV blocks): move what exists
     # now out of the cyclic collector's way and collect less often, or collection time grows with the run.
-    gc.collect()
     gc.freeze()
     thresholds = gc.get_threshold()
     gc.set_threshold(50_000, 20, 100)
