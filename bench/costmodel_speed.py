@@ -1,6 +1,6 @@
 """Printed benchmark of the operator cost model's hot path (``step_time``); no test asserts on it.
 
-    .venv/bin/python experiments/costmodel_speed.py
+    .venv/bin/python bench/costmodel_speed.py
 
 Prints microseconds per call for decode-only steps (the common case: new lengths every call, so only the
 token-count terms are cached) and for mixed prefill + decode steps, for a dense and an MLA/MoE model.
