@@ -1,9 +1,9 @@
 """Paged KV cache with prefix caching, as vLLM V1's block pool and KV cache manager behave.
 
 Sources: vllm/v1/core/block_pool.py, kv_cache_manager.py and single_type_kv_cache_manager.py, summarised in
-shared/specs/vllm-v1-scheduling.md §2. The free queue is an ``OrderedDict`` (head = next block to hand out and to
-evict; O(1) pop, removal from the middle, append and prepend), block 0 is the reserved null block, and a block keeps
-its hash after it is freed, so a later lookup can hit it until the block is handed out again.
+shared/specs/vllm-v1-scheduling.md §2. The free queue is a deque with lazy removal (head = next block to hand out
+and to evict; O(1) pop, removal from the middle, append and prepend), block 0 is the reserved null block, and a
+block keeps its hash after it is freed, so a later lookup can hit it until the block is handed out again.
 """
 
 from __future__ import annotations
