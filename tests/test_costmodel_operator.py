@@ -10,7 +10,7 @@ import pytest
 
 from lab.costmodel import ops
 from lab.costmodel.base import BatchShape
-from lab.costmodel.fit import CurveSet, drop_impossible, fit_curve, mape, work
+from lab.costmodel.fit import TILE_FEATURES, CurveSet, drop_impossible, fit_curve, gemm_features, mape, work
 from lab.costmodel.hardware import load_hardware
 from lab.costmodel.model_arch import load_model
 from lab.costmodel.operator import OperatorCostModel, load_curves
@@ -91,6 +91,35 @@ def test_fit_recovers_a_known_efficiency_curve():
     cs.add(H100, c)
     back = CurveSet.from_json(json.loads(json.dumps(cs.to_json())))
     assert back.get(H100, "gemm", "bf16").time(F[i], B[i], {f: v[i] for f, v in feats.items()}) == pytest.approx(scalar, rel=1e-4)
+
+
+def test_gemm_tile_and_wave_features_by_hand():
+    f = gemm_features(17, 4096, 4096, 0.0, 132)
+    # 17 rows use 17/128 of one m tile; 4096 = 32 full n tiles; 32 tiles fill 32/132 of the only wave
+    assert (f["align"], f["mtile"], f["ntile"], f["wave"]) == (1.0, 17 / 128, 1.0, 32 / 132)
+    f = gemm_features(256, 17024, 4096, 0.0, 132)
+    # 2 x 133 = 266 tiles on 132 SMs: three waves, the last with 2 tiles
+    assert (f["align"], f["mtile"], f["ntile"], f["wave"]) == (2.0, 1.0, 1.0, 266 / 396)
+    v = gemm_features(np.array([17.0, 256.0]), np.array([4096.0, 17024.0]), 4096.0, 0.0, np.array([132.0, 132.0]))
+    assert v["wave"].tolist() == [32 / 132, 266 / 396] and v["align"].tolist() == [1.0, 2.0]
+
+
+def test_tile_features_are_fitted_only_from_a_grid_of_many_weight_shapes():
+    hw = load_hardware(H100)
+    rng = np.random.default_rng(2)
+
+    def frame(ns, ks):
+        m = rng.choice([1, 17, 100, 129, 300, 1000, 4096], 300)
+        df = pd.DataFrame({"gpu": H100, "source": "synthetic", "dtype": "bf16", "m": m, "n": rng.choice(ns, 300),
+                           "k": rng.choice(ks, 300)})
+        F, B, _ = work("gemm", df)
+        df["time_s"] = np.maximum(F / (hw.bf16_flops * 0.7), B / (hw.memory_bandwidth * 0.85)) + 5e-6
+        return df
+
+    few = fit_curve("gemm", "bf16", frame([1024, 4096, 8192], [1024, 4096, 8192]), hw)  # 9 (n, k) shapes
+    assert all(few.knots[f] == [0.0, 1.0] for f in TILE_FEATURES)
+    many = fit_curve("gemm", "bf16", frame([130, 2048, 3000, 8192, 9000], [1024, 2000, 4096, 8192]), hw)  # 20
+    assert all(many.knots[f] != [0.0, 1.0] for f in TILE_FEATURES)
 
 
 def test_fitted_curve_is_second_and_proxies_borrow_it():

@@ -21,7 +21,8 @@ from lab.costmodel.fit import drop_impossible
 
 FIT_METHOD = ("t = t0 + (tc^p + tm^p)^(1/p); tc = F / (peak * sigmoid(a_c + sum_i f_i(log2 x_i))), "
               "tm = B / (bandwidth * cap * sigmoid(a_m + sum_j g_j(log2 y_j))); f, g piecewise linear in log2 of "
-              "the class features (knots every 2 octaves); scipy.optimize.least_squares on log time, soft-L1 loss, "
+              "the class features (knots every 2 octaves; GEMM 128-wide tile and wave-quantization features only from "
+              "grids of at least 16 weight shapes); scipy.optimize.least_squares on log time, soft-L1 loss, "
               "second-difference penalty 0.05, at most 100 evaluations; at most 4000 rows per curve (pandas sample, random_state 0); one "
               "profile family per curve (servelab > aiconfigurator > vidur > llmservingsim)")
 

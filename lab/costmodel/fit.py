@@ -33,9 +33,9 @@ from lab.costmodel import ops
 
 # compute features, memory features per class
 FEATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "gemm": (("m", "n", "k", "align"), ("bytes", "n", "k", "m", "align")),
+    "gemm": (("m", "n", "k", "align", "mtile", "ntile", "wave"), ("bytes", "n", "k", "m", "align")),
     "attn_prefill": (("q_len", "span", "units", "head_dim"), ("bytes",)),
-    "attn_decode": (("units", "head_dim"), ("kv_len", "kv_units", "bytes")),
+    "attn_decode": (("units", "head_dim", "batch"), ("kv_len", "kv_units", "bytes", "batch")),
     "mla_prefill": (("q_len", "batch", "heads"), ("bytes",)),
     "mla_decode": (("batch", "heads"), ("kv_len", "bytes")),
     "moe": (("rows_per_expert", "rows", "inter", "hidden", "topk"), ("bytes", "experts_local", "tokens", "rows_per_expert")),
@@ -44,6 +44,41 @@ FEATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "elementwise": ((), ("bytes",)),
 }
 COMM = ("allreduce", "sendrecv")
+
+# The tile features are fitted only from a grid with at least this many distinct (n, k) weight shapes: with fewer,
+# n and the tile counts are confounded and the curve extrapolates badly to a model's other shapes (LLMServingSim's
+# H100 table, 9 shapes, put a Llama-3.1-8B decode step 19 % above the two richer sources with them).
+MIN_GEMM_SHAPES_FOR_TILE_FEATURES = 16
+TILE_FEATURES = ("mtile", "ntile", "wave")
+
+# Output tile edge of the Hopper-class GEMM kernels (CUTLASS / cuBLAS 128 x 128 tiles, one tile per SM at a time).
+GEMM_TILE = 128
+
+
+def gemm_features(m, n, k, byts, num_sms):
+    """Fit features of a GEMM (m tokens x k inputs -> n outputs); scalars or numpy arrays alike.
+
+    ``align`` (2 when m is a multiple of 16, else 1) separates the kernels picked for aligned m; ``mtile`` and
+    ``ntile`` are the used fraction of the last 128-wide output tile along m and n; ``wave`` is the used fraction
+    of the last wave of tiles over ``num_sms`` SMs (wave quantization: 133 tiles on 132 SMs take two waves).
+    Together they give the saw-tooth that FP8 GEMMs show right after a tile or wave boundary.
+    """
+    mt = -(-m // GEMM_TILE)
+    nt = -(-n // GEMM_TILE)
+    tiles = mt * nt
+    return {"m": m, "n": n, "k": k, "align": 1.0 + (m % 16 == 0), "mtile": m / (mt * GEMM_TILE),
+            "ntile": n / (nt * GEMM_TILE), "wave": tiles / (-(-tiles // num_sms) * num_sms), "bytes": byts}
+
+
+def _num_sms(df: pd.DataFrame | dict) -> np.ndarray:
+    """SMs of each observation's GPU (its ``gpu`` column, looked up in the hardware catalog)."""
+    from lab.costmodel.hardware import load_hardware
+
+    gpus = np.asarray(df["gpu"])
+    out = np.empty(len(gpus))
+    for g in set(gpus.tolist()):
+        out[gpus == g] = load_hardware(g).num_sms
+    return out
 
 
 def _kv_bytes(kv_dtype) -> np.ndarray | float:
@@ -96,7 +131,7 @@ def work(cls: str, df: pd.DataFrame | dict) -> tuple[np.ndarray, np.ndarray, dic
         m, n, k = (g(c).astype(float) for c in "mnk")
         wb = _w_bytes(list(g("dtype")))
         F, B = ops.gemm(m, n, k, wb, wb)
-        return F, B, {"m": m, "n": n, "k": k, "align": np.where(m % 16 == 0, 2.0, 1.0), "bytes": B}
+        return F, B, gemm_features(m, n, k, B, _num_sms(df))
     if cls == "attn_prefill":
         b, q, c, H, Hk, d = (g(x).astype(float) for x in ("batch", "q_len", "ctx_len", "heads", "kv_heads", "head_dim"))
         kvt = 2 * Hk * d * _kv_bytes(list(g("kv_dtype")))
@@ -106,7 +141,7 @@ def work(cls: str, df: pd.DataFrame | dict) -> tuple[np.ndarray, np.ndarray, dic
         b, L, H, Hk, d = (g(x).astype(float) for x in ("batch", "kv_len", "heads", "kv_heads", "head_dim"))
         kvt = 2 * Hk * d * _kv_bytes(list(g("kv_dtype")))
         F, B = ops.attention_decode(b, b * L, H, d, d, kvt)
-        return F, B, {"units": b * H, "head_dim": d, "kv_len": L + 1, "kv_units": b * Hk, "bytes": B}
+        return F, B, {"units": b * H, "head_dim": d, "kv_len": L + 1, "kv_units": b * Hk, "bytes": B, "batch": b}
     if cls in ("mla_prefill", "mla_decode"):
         models = list(g("model"))
         H, b = g("heads").astype(float), g("batch").astype(float)
@@ -291,6 +326,9 @@ def fit_curve(cls: str, variant: str, df: pd.DataFrame, hw: Hardware, smooth: fl
     # a feature that does not vary carries no information: drop its knots (kept as a constant 0)
     knots = {f: (_knots(feats[f]) if np.ptp(np.log2(np.maximum(feats[f], 1e-12))) > 0.5 else [0.0, 1.0])
              for f in (*cf, *mf)}
+    if cls == "gemm" and df.groupby(["n", "k"]).ngroups < MIN_GEMM_SHAPES_FOR_TILE_FEATURES:
+        for f in TILE_FEATURES:
+            knots[f] = [0.0, 1.0]
     active = [f for f in (*cf, *mf) if knots[f] != [0.0, 1.0]]
     sizes = [len(knots[f]) for f in active]
     compute = F.sum() > 0 and bool(cf)

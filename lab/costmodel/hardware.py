@@ -22,6 +22,7 @@ class Hardware:
         memory_bandwidth: peak HBM/GDDR bandwidth, B/s.
         link_bandwidth: scale-up interconnect per GPU, one direction, B/s.
         pcie_bandwidth: host link, one direction, B/s.
+        num_sms: streaming multiprocessors (AMD: compute units) a GEMM's output tiles are spread over.
     """
 
     name: str
@@ -31,6 +32,7 @@ class Hardware:
     memory_bandwidth: float
     link_bandwidth: float
     pcie_bandwidth: float
+    num_sms: int
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak for a GEMM dtype; fp8 falls back to bf16 on GPUs without FP8 tensor cores."""
@@ -65,6 +67,7 @@ def load_hardware(name: str) -> Hardware:
                 memory_bandwidth=float(e["memory_bandwidth_tbps"]) * 1e12,
                 link_bandwidth=float(e["link_gbps"]) * 1e9,
                 pcie_bandwidth=float(e["pcie_gbps"]) * 1e9,
+                num_sms=int(e["num_sms"]),
             )
     raise ValueError(f"hardware {name!r} is not in the catalog; known: {', '.join(sorted(cat))}")
 

@@ -43,7 +43,7 @@ from typing import Callable
 
 from lab.costmodel import ops
 from lab.costmodel.base import BatchShape
-from lab.costmodel.fit import Curve, CurveSet, mla_module_work
+from lab.costmodel.fit import Curve, CurveSet, gemm_features, mla_module_work
 from lab.costmodel.hardware import Hardware, fit_proxy
 from lab.costmodel.model_arch import ModelArch, dtype_bytes
 from lab.costmodel.parallel import Parallelism
@@ -173,11 +173,13 @@ class OperatorCostModel:
                 return (lambda m: f(m) if m > 0 else 0.0), work, f"table:{src}"
         c, src = self._curve("gemm", variant)
         if c is not None:
+            sms = self.hw.num_sms
+
             def fc(m: float) -> float:
                 if m <= 0:
                     return 0.0
                 F, B = ops.gemm(m, n, k, wb, wb)
-                return c.time(F, B, {"m": m, "n": n, "k": k, "align": 2.0 if m % 16 == 0 else 1.0, "bytes": B})
+                return c.time(F, B, gemm_features(m, n, k, B, sms))
             return fc, work, src
         peak = self.hw.peak_flops(variant)
         e = self.eff
@@ -502,7 +504,7 @@ class OperatorCostModel:
         c = getattr(self, "dec_curve", None)
         if c is not None:
             return c.time(F, B, {"units": nd * self.heads, "head_dim": m.head_dim, "kv_len": ctx_sum / nd + 1,
-                                 "kv_units": nd * self.kv_heads, "bytes": B})
+                                 "kv_units": nd * self.kv_heads, "bytes": B, "batch": nd})
         e = self.eff
         return self._roof(F, B, e.attention_compute, e.attention_memory, self.hw.bf16_flops)
 
