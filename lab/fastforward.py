@@ -128,26 +128,30 @@ def plan(inst, stop_time: float) -> Plan | None:
     rev = by_rem[::-1]
     suffix = np.array([list(accumulate(rev))[::-1] + [0], list(accumulate(rev, max))[::-1] + [0],
                        list(accumulate(rev, min))[::-1] + [0]], dtype=np.int64)
-    js = np.arange(k, dtype=np.int64)
-    idx = np.searchsorted(np.array([rem[i] for i in order]), js, side="right")  # first participant in rem order
-    counts = n - idx
-    dsum = suffix[0, idx] + counts * js
-    dmax = suffix[1, idx] + js
-    dmin = suffix[2, idx] + js
-    padded = _pad_table(inst)[counts]
+    rem_sorted = np.array([rem[i] for i in order])
+    pad_table = _pad_table(inst)
     cost = inst.cost_model
+    cpu_terms = opt.cpu_base_s or opt.cpu_per_seq_s or opt.cpu_per_token_s
     kk = min(k, 64)  # grow in chunks until the expected arrival: a short jump costs little to plan
     while True:
-        dts = decode_times(cost, counts[:kk], dsum[:kk], dmax[:kk], dmin[:kk], padded[:kk], by_rem)
-        if opt.cpu_base_s or opt.cpu_per_seq_s or opt.cpu_per_token_s:
-            cpu = opt.cpu_base_s + opt.cpu_per_seq_s * counts[:kk] + opt.cpu_per_token_s * counts[:kk]
+        # schedules 0..kk-1 only: a plan rarely runs past the first chunk
+        js = np.arange(kk, dtype=np.int64)
+        idx = np.searchsorted(rem_sorted, js, side="right")  # first participant in rem order
+        counts = n - idx
+        dsum = suffix[0, idx] + counts * js
+        dmax = suffix[1, idx] + js
+        dmin = suffix[2, idx] + js
+        dts = decode_times(cost, counts, dsum, dmax, dmin, pad_table[counts], by_rem)
+        if cpu_terms:
+            cpu = opt.cpu_base_s + opt.cpu_per_seq_s * counts + opt.cpu_per_token_s * counts
             dts = np.maximum(dts, cpu) if async_ else dts + cpu
         # End times added one step at a time, as the event loop adds them (cumsum is sequential).
         if async_:
             ends = np.cumsum(np.concatenate(([env_now, first.dt], dts)))[1:]  # the in-flight step, then schedules
         else:
             ends = np.cumsum(np.concatenate(([env_now], dts)))[1:]
-        if kk == k or ends[-1] >= hint or ends[-1] >= stop_time:
+        last = float(ends[-1])
+        if kk == k or last >= hint or last >= stop_time:
             break
         kk = min(k, kk * 4)
     k = kk
