@@ -82,6 +82,14 @@ class ModelConfig(_Strict):
     dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
 
+    @model_validator(mode="after")
+    def _known(self) -> "ModelConfig":
+        if self.hf_config is None:  # a config.json names its own architecture; only a bare name must be known
+            from lab.costmodel.model_arch import load_model
+
+            load_model(self.name)  # ValueError listing the catalog
+        return self
+
 
 class HardwareConfig(_Strict):
     """The GPU of one instance and its parallelism (lab/costmodel/parallel.py; vLLM's argument names)."""
@@ -93,6 +101,14 @@ class HardwareConfig(_Strict):
     data_parallel_size: int = Field(1, ge=1, description="attention DP ranks sharing the experts; one instance each")
     link_gbps: float | None = Field(None, gt=0, description="override the catalog's per-GPU link bandwidth (GB/s)")
     link_latency_us: float = Field(10.0, ge=0, description="collective latency per call (µs)")
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        from lab.costmodel.hardware import load_hardware
+
+        load_hardware(v)  # ValueError listing the catalog
+        return v
 
 
 class CPUOverheadConfig(_Strict):

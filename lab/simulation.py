@@ -117,6 +117,8 @@ def build_requests(exp: Experiment) -> list[Request]:
             reqs = loaders.load_vllm_bench(path, seed=exp.seed)
         else:
             reqs = loaders.load_csv(path)
+        if not reqs:
+            raise loaders.WorkloadError(f"{path}: no requests in the trace")
     if w.arrival_times is not None:
         reqs = loaders.override_arrivals(reqs, exp.path(w.arrival_times.path, "workload.arrival_times.path"),
                                          w.arrival_times.column)
@@ -288,6 +290,12 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         gc.unfreeze()
     for r in reqs:
         if r.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED):
-            r.reason = r.reason or ("still running at the horizon" if r.status == RequestStatus.RUNNING
-                                    else "still waiting at the horizon")
+            if r.reason:
+                continue
+            if r.status == RequestStatus.RUNNING:
+                r.reason = "still running at the horizon"
+            elif horizon and r.arrival_time >= horizon:
+                r.reason = "arrives after the horizon"
+            else:
+                r.reason = "still waiting at the horizon"
     return SimResult(exp, dep, reqs, instances, itl, float(env.now), time.perf_counter() - t0)

@@ -30,6 +30,14 @@ def test_unknown_field_is_an_error(tmp_path):
         load_experiment(write(tmp_path, "name: x\nengine:\n  max_num_seq: 3\n"))
 
 
+def test_unknown_model_or_gpu_names_the_file_and_field(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_experiment(write(tmp_path, "name: x\nmodel: {name: Llama-9-999B}\nhardware: {gpu: H900}\n"))
+    msg = str(e.value)
+    assert "exp.yaml" in msg and "model 'Llama-9-999B' is not in the catalog" in msg
+    assert "hardware.gpu" in msg and "'H900' is not in the catalog" in msg
+
+
 def test_trace_source_needs_a_path(tmp_path):
     with pytest.raises(ConfigError, match="needs 'path'"):
         load_experiment(write(tmp_path, "name: x\nworkload:\n  source: azure\n"))

@@ -20,9 +20,14 @@ def test_plain_csv_sorts_by_arrival_and_keeps_ids(tmp_path):
 
 @pytest.mark.parametrize("body,msg", [
     ("arrival_time_s,prompt_tokens\n0,1\n", "missing column"),
-    ("arrival_time_s,prompt_tokens,output_tokens\n0,10,5\n1,0,5\n", "row 3: prompt tokens"),
-    ("arrival_time_s,prompt_tokens,output_tokens\n0,10,x\n", "row 2: output tokens"),
-    ("arrival_time_s,prompt_tokens,output_tokens\n-1,10,2\n", "row 2: arrival_time_s"),
+    ("arrival_time_s,prompt_tokens,output_tokens\n0,10,5\n1,0,5\n", "row 3: prompt_tokens must be an integer >= 1, got 0"),
+    ("arrival_time_s,prompt_tokens,output_tokens\n0,10,x\n", "row 2: output_tokens must be an integer >= 1, got 'x'"),
+    ("arrival_time_s,prompt_tokens,output_tokens\n-1,10,2\n", "row 2: arrival_time_s must be a number >= 0, got -1"),
+    ("arrival_time_s,prompt_tokens,output_tokens\n0,100.7,2\n", "row 2: prompt_tokens must be an integer >= 1, got 100.7"),
+    ("arrival_time_s,prompt_tokens,output_tokens,priority\n0,10,2,high\n", "row 2: priority must be an integer, got 'high'"),
+    ("arrival_time_s,prompt_tokens,output_tokens\n0,10,2\n1,2,3,4,5\n", "not a well-formed CSV"),
+    ("arrival_time_s,prompt_tokens,output_tokens\n", "no requests"),
+    ("", "the file is empty"),
 ])
 def test_plain_csv_errors_name_the_file_and_row(tmp_path, body, msg):
     p = tmp_path / "bad.csv"
@@ -112,3 +117,19 @@ def test_real_azure_conv_trace_loads_whole():
     rs = loaders.load_azure(DATA_DIR / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")
     assert len(rs) == 19366
     assert rs[-1].arrival_time == pytest.approx(3502.0, abs=2.0)
+
+
+def test_every_trace_request_is_accounted_for_at_a_horizon(tmp_path):
+    from lab.config import parse_experiment
+    from lab.simulation import build_requests, simulate
+
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,5000\n0.5,100,2\n50,100,2\n")
+    exp = parse_experiment({"name": "h", "workload": {"source": "csv", "path": str(p)},
+                            "simulation": {"horizon_s": 10.0, "progress": False}}, base_dir=tmp_path)
+    reqs = build_requests(exp)
+    simulate(exp, reqs)
+    by_id = {r.request_id: r for r in reqs}
+    assert by_id["1"].finish_time is not None
+    assert by_id["0"].reason == "still running at the horizon"
+    assert by_id["2"].reason == "arrives after the horizon"

@@ -1,4 +1,6 @@
-"""Trace loaders. Each returns requests sorted by arrival time, arrival times in seconds from the first request.
+"""Trace loaders. Each returns requests sorted by arrival time, in seconds: Azure and Mooncake timestamps are made
+relative to the first request; the plain CSV's ``arrival_time_s`` and LLMServingSim's ``arrival_time_ns`` are used as
+given (a trace may start later than 0 on purpose).
 
 Formats (see shared/data/traces/PROVENANCE.md and shared/data/validation/llmservingsim/PROVENANCE.md):
 
@@ -9,8 +11,8 @@ Formats (see shared/data/traces/PROVENANCE.md and shared/data/validation/llmserv
 - Plain CSV: ``arrival_time_s``, ``prompt_tokens``, ``output_tokens`` and optional ``priority``, ``request_id``,
   ``session_id``.
 
-Every loader checks its columns and values and raises :class:`WorkloadError` naming the file, the row and what was
-expected.
+Every loader checks its columns and values and raises :class:`WorkloadError` naming the file, the row (the file's
+line number: the CSV header is row 1) and what was expected. A file without requests is an error too.
 """
 
 from __future__ import annotations
@@ -41,9 +43,49 @@ def _check_columns(path: Path, df: pd.DataFrame, need: Iterable[str]) -> None:
         raise WorkloadError(f"{path}: missing column(s) {missing}; found {list(df.columns)}")
 
 
+def _read_csv(path: Path) -> pd.DataFrame:
+    """Read a CSV trace with at least one data row.
+
+    Raises:
+        WorkloadError: an empty file, a row with more fields than the header, or no data rows.
+    """
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise WorkloadError(f"{path}: the file is empty; expected a header row and one row per request") from None
+    except pd.errors.ParserError as e:
+        raise WorkloadError(f"{path}: not a well-formed CSV ({str(e).strip()})") from None
+    if df.empty:
+        raise WorkloadError(f"{path}: no requests (only a header row)")
+    return df
+
+
+def _as_written(v):
+    """A cell value for an error message: numpy scalars as plain Python numbers."""
+    return v.item() if hasattr(v, "item") else v
+
+
+def _int_column(path: Path, df: pd.DataFrame, column: str, minimum: int | None = None) -> np.ndarray:
+    """A column of whole numbers (a float such as 100.7 is refused, not truncated).
+
+    Raises:
+        WorkloadError: the first offending row, with its value as written in the file.
+    """
+    arr = pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=float)
+    ok = np.isfinite(arr) & (arr == np.floor(arr))
+    if minimum is not None:
+        ok &= arr >= minimum
+    bad = np.flatnonzero(~ok)
+    if len(bad):
+        i = int(bad[0])
+        need = "an integer" + (f" >= {minimum}" if minimum is not None else "")
+        raise WorkloadError(f"{path}: row {i + 2}: {column} must be {need}, got {_as_written(df[column].iloc[i])!r}")
+    return arr.astype(np.int64)
+
+
 def _check_lengths(path: Path, prompt: np.ndarray, output: np.ndarray, first_row: int = 1) -> None:
     for name, arr in (("prompt", prompt), ("output", output)):
-        bad = np.flatnonzero(~(arr >= 1))
+        bad = np.flatnonzero(~((arr >= 1) & (arr == np.floor(arr))))
         if len(bad):
             i = int(bad[0])
             raise WorkloadError(f"{path}: row {i + first_row}: {name} tokens must be an integer >= 1, got {arr[i]}")
@@ -53,7 +95,7 @@ def load_azure(path: str | Path) -> list[Request]:
     """Azure LLM inference trace 2023 (Patel et al., Splitwise, ISCA'24; CC-BY-4.0)."""
     path = Path(path)
     _need_file(path)
-    df = pd.read_csv(path)
+    df = _read_csv(path)
     _check_columns(path, df, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
     try:
         ts = pd.to_datetime(df["TIMESTAMP"], format="mixed")
@@ -146,17 +188,16 @@ def load_csv(path: str | Path) -> list[Request]:
     ``session_id`` for session-affinity routing)."""
     path = Path(path)
     _need_file(path)
-    df = pd.read_csv(path)
+    df = _read_csv(path)
     _check_columns(path, df, ["arrival_time_s", "prompt_tokens", "output_tokens"])
     t = pd.to_numeric(df["arrival_time_s"], errors="coerce").to_numpy(dtype=float)
-    bad = np.flatnonzero(~(t >= 0))
+    bad = np.flatnonzero(~((t >= 0) & np.isfinite(t)))
     if len(bad):
         raise WorkloadError(f"{path}: row {int(bad[0]) + 2}: arrival_time_s must be a number >= 0, "
-                            f"got {df['arrival_time_s'].iloc[int(bad[0])]!r}")
-    prompt = pd.to_numeric(df["prompt_tokens"], errors="coerce").to_numpy()
-    output = pd.to_numeric(df["output_tokens"], errors="coerce").to_numpy()
-    _check_lengths(path, prompt, output, first_row=2)
-    prio = df["priority"].to_numpy() if "priority" in df.columns else np.zeros(len(df), dtype=int)
+                            f"got {_as_written(df['arrival_time_s'].iloc[int(bad[0])])!r}")
+    prompt = _int_column(path, df, "prompt_tokens", 1)
+    output = _int_column(path, df, "output_tokens", 1)
+    prio = _int_column(path, df, "priority") if "priority" in df.columns else np.zeros(len(df), dtype=int)
     ids = df["request_id"].astype(str).to_numpy() if "request_id" in df.columns else None
     sessions = df["session_id"].astype(str).to_numpy() if "session_id" in df.columns else None
     order = np.argsort(t, kind="stable")
