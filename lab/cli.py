@@ -13,8 +13,9 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="servelab: trace-driven simulator and policy lab for LLM inference serving.")
-console = Console()
-err_console = Console(stderr=True)
+# Piped or captured output is not wrapped at Rich's 80-column fallback: names in tables stay whole.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 EXPERIMENT_ARG = typer.Argument(..., help="experiment YAML file", exists=False)
 OUT_OPT = typer.Option(None, "--out", "-o", help="output folder (default reports/<experiment name>/)")
@@ -25,7 +26,7 @@ SET_OPT = typer.Option(None, "--set", help="override a field, e.g. --set engine.
 def _fail(msg: str) -> None:
     from rich.markup import escape
 
-    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)  # one greppable line
     raise typer.Exit(2)
 
 
@@ -85,7 +86,8 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
                   f"{summary['output_token_throughput']:.0f} output tok/s over {summary['duration_s']:.1f} s; "
                   f"{summary['num_preemptions']} preemptions; simulated in "
                   f"{summary['simulation']['wall_time_s']:.2f} s wall")
-    console.print(f"wrote {out_dir}/ (report.md, summary.json, requests.parquet/.csv, steps.parquet)")
+    console.print(f"wrote {out_dir}/ (report.md, summary.json, requests.parquet/.csv, steps.parquet, events.parquet, "
+                  "PNG plots)")
 
 
 @app.command()
@@ -131,7 +133,8 @@ def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, d
     kv = report.get("kv_capacity") or {}
     console.print(f"KV blocks: simulated with {kv.get('used')}, derived {kv.get('derived')}, measured "
                   f"{kv.get('measured')}")
-    console.print(f"wrote {out_dir}/validation.md, validation.json, validation_requests.csv")
+    console.print(f"wrote {out_dir}/validation.md, validation.json, validation_requests.csv, "
+                  "validation_timeseries.csv and PNG plots")
 
 
 def _simulate_with_breakdown(exp, show_progress: bool):

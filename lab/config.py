@@ -122,10 +122,11 @@ class CPUOverheadConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    """vLLM engine arguments (same names and defaults as vLLM 0.33 on a >=70 GB GPU)."""
+    """vLLM engine arguments (same names and defaults as vLLM 0.33's API server; the two batch limits default to
+    vLLM's values for the experiment's GPU, see :func:`lab.simulation.batch_defaults`)."""
 
-    max_num_batched_tokens: int = Field(8192, ge=1)
-    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="default: vLLM's for the GPU")
+    max_num_seqs: int | None = Field(None, ge=1, description="default: vLLM's for the GPU")
     max_model_len: int | None = Field(None, ge=2, description="default: the model's max_position_embeddings")
     block_size: int = Field(16, ge=1)
     num_gpu_blocks: int | None = Field(None, ge=2, description="measured block count; default: derived")

@@ -130,6 +130,18 @@ def build_requests(exp: Experiment) -> list[Request]:
     return reqs
 
 
+def batch_defaults(hw: Hardware) -> tuple[int, int]:
+    """vLLM's default (max_num_batched_tokens, max_num_seqs) for its OpenAI API server on a GPU: 16384 / 1024 with
+    at least 160 GiB of memory, 8192 / 1024 with at least 70 GiB except the A100, else 2048 / 256
+    (vllm/engine/arg_utils.py ``get_batch_defaults``; shared/specs/vllm-v1-scheduling.md §6)."""
+    gib = hw.memory_bytes / 2**30
+    if gib >= 160:
+        return 16384, 1024
+    if gib >= 70 and not hw.name.startswith("A100"):
+        return 8192, 1024
+    return 2048, 256
+
+
 def build_deployment(exp: Experiment) -> Deployment:
     """Resolve model, GPU, KV capacity, scheduler limits and cost model.
 
@@ -149,13 +161,15 @@ def build_deployment(exp: Experiment) -> Deployment:
 
     kv_dtype = m.dtype if m.kv_cache_dtype == "auto" else m.kv_cache_dtype
     max_model_len = e.max_model_len or model.max_position_embeddings
-    mbt = e.max_num_batched_tokens
+    default_mbt, default_seqs = batch_defaults(hw)
+    mbt = e.max_num_batched_tokens or default_mbt
+    max_num_seqs = e.max_num_seqs or default_seqs
     if not e.enable_chunked_prefill and mbt < max_model_len:
         mbt = max_model_len  # vLLM raises the budget to max_model_len when chunking is off
     try:
         derived = derive_num_gpu_blocks(
             model, hw, block_size=e.block_size, gpu_memory_utilization=pick("gpu_memory_utilization"),
-            max_num_batched_tokens=mbt, max_num_seqs=e.max_num_seqs, tp=tp, kv_dtype=kv_dtype,
+            max_num_batched_tokens=mbt, max_num_seqs=max_num_seqs, tp=tp, kv_dtype=kv_dtype,
             weight_dtype=m.dtype, pp=exp.hardware.pipeline_parallel_size, ep=exp.hardware.expert_parallel_size,
             dp=exp.hardware.data_parallel_size)
     except ValueError:
@@ -167,7 +181,7 @@ def build_deployment(exp: Experiment) -> Deployment:
     else:
         blocks, capacity = derived.num_gpu_blocks, derived  # type: ignore[union-attr]
     sched = SchedulerConfig(
-        max_num_batched_tokens=mbt, max_num_seqs=e.max_num_seqs, max_model_len=max_model_len,
+        max_num_batched_tokens=mbt, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
         enable_chunked_prefill=e.enable_chunked_prefill, long_prefill_token_threshold=e.long_prefill_token_threshold,
         threshold_only_when_contended=ver["threshold_only_when_contended"],
         scheduler_reserve_full_isl=pick("scheduler_reserve_full_isl"),
@@ -177,7 +191,7 @@ def build_deployment(exp: Experiment) -> Deployment:
     cost = build_cost_model(exp, model, hw)
     sizes: tuple[int, ...] = ()
     if e.cudagraph:
-        sizes = tuple(sorted(e.cudagraph_capture_sizes)) if e.cudagraph_capture_sizes else default_capture_sizes(e.max_num_seqs)
+        sizes = tuple(sorted(e.cudagraph_capture_sizes)) if e.cudagraph_capture_sizes else default_capture_sizes(max_num_seqs)
     c = e.cpu_overhead
     options = EngineOptions(async_scheduling=pick("async_scheduling"), cpu_base_s=c.base_s,
                             cpu_per_seq_s=c.per_seq_s, cpu_per_token_s=c.per_token_s, cudagraph_sizes=sizes)

@@ -13,8 +13,21 @@ def write(tmp_path, text):
 
 def test_minimal_experiment_gets_defaults(tmp_path):
     exp = load_experiment(write(tmp_path, "name: x\n"))
-    assert exp.engine.max_num_batched_tokens == 8192 and exp.policy.scheduler == "vllm_v1"
+    assert exp.engine.max_num_batched_tokens is None and exp.policy.scheduler == "vllm_v1"
     assert exp.workload.source == "synthetic"
+
+
+@pytest.mark.parametrize("gpu,mbt,seqs", [("H100", 8192, 1024), ("H200", 8192, 1024), ("B200", 16384, 1024),
+                                          ("A100", 2048, 256), ("RTX4090", 2048, 256)])
+def test_batch_limits_default_to_vllms_for_the_gpu(gpu, mbt, seqs):
+    from lab.config import parse_experiment
+    from lab.simulation import build_deployment
+
+    dep = build_deployment(parse_experiment({"name": "x", "hardware": {"gpu": gpu}}))
+    assert (dep.scheduler_config.max_num_batched_tokens, dep.scheduler_config.max_num_seqs) == (mbt, seqs)
+    dep = build_deployment(parse_experiment({"name": "x", "hardware": {"gpu": gpu},
+                                             "engine": {"max_num_batched_tokens": 1000, "max_num_seqs": 7}}))
+    assert (dep.scheduler_config.max_num_batched_tokens, dep.scheduler_config.max_num_seqs) == (1000, 7)
 
 
 def test_bad_field_value_names_file_field_and_value(tmp_path):
