@@ -47,7 +47,7 @@ def _simulate(exp, show_progress: bool = True):
     try:
         reqs = build_requests(exp)
     except (WorkloadError, ValueError) as e:
-        _fail(str(e))
+        _fail(f"{exp.source}: {e}")
     try:
         if show_progress and exp.simulation.progress:
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -62,7 +62,7 @@ def _simulate(exp, show_progress: bool = True):
                 return simulate(exp, reqs, progress)
         return simulate(exp, reqs)
     except (PolicyError, FileNotFoundError, ValueError) as e:
-        _fail(str(e))
+        _fail(f"{exp.source}: {e}")
 
 
 def _out_dir(exp, out: Optional[Path]) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from lab.paths import default_data_dir, expand_path
 
@@ -291,7 +291,13 @@ class Experiment(_Strict):
 
     # Set by load_experiment: where relative paths resolve.
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
+    _source: str = PrivateAttr("<experiment>")  # the file it was read from, for error messages
     resolved_data_dir: Path = Field(default_factory=default_data_dir, exclude=True)
+
+    @property
+    def source(self) -> str:
+        """The experiment file this was read from (``<experiment>`` when built from a dict)."""
+        return self._source
 
     def path(self, value: str, field: str) -> Path:
         """Resolve a path field (``{data_dir}`` expanded, relative to the experiment file)."""
@@ -322,6 +328,7 @@ def parse_experiment(data: dict, source: str = "<experiment>", base_dir: Path | 
     except ValidationError as e:
         raise ConfigError(_format_errors(source, e)) from None
     exp.base_dir = base_dir or Path.cwd()
+    exp._source = source
     if data_dir is not None:
         exp.resolved_data_dir = Path(data_dir)
     elif exp.data_dir and not __import__("os").environ.get("SERVELAB_DATA_DIR"):
