@@ -559,7 +559,11 @@ class Instance:
             if (self._ff and (inflight is not None or not self.async_scheduling)
                     and ff.steady_batch(self)):
                 self._inflight = inflight
-                p = ff.plan(self, self.stop_time)
+                stop = self.stop_time
+                stable = getattr(self.waiting, "order_stable_until", None) if self.waiting else None
+                if stable is not None:
+                    stop = min(stop, stable())  # a jump ends before the waiting order can change
+                p = ff.plan(self, stop)
                 self._inflight = None
                 if p is not None:
                     self._plan = p

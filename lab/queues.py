@@ -15,7 +15,13 @@ from lab.request import Request
 
 
 class WaitingQueue(Protocol):
-    """What every waiting queue offers a scheduler."""
+    """What every waiting queue offers a scheduler.
+
+    A queue whose order can change with time alone (no arrival, no pop) must also offer
+    ``order_stable_until() -> float``: the earliest time at which its head may differ from the head the scheduler
+    last saw (``inf`` if never). The decode fast-forward ends a jump before it (lab/fastforward.py); without the
+    method the order is taken to be fixed between arrivals and scheduler calls, as FCFS and priority order are.
+    """
 
     def add(self, request: Request) -> None: ...
     def peek(self) -> Request: ...

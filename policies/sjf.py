@@ -133,6 +133,19 @@ class SJFQueue:
     def peek(self) -> Request:
         return self._head()
 
+    def order_stable_until(self) -> float:
+        """When the oldest waiting request passes ``starvation_s`` and becomes the head, if it had not yet when the
+        scheduler last looked (``now``); ``inf`` when there is no protection or nothing waits. Before then the
+        order changes only by an arrival or a pop. The threshold is strict: a schedule at exactly that time still
+        sees the old head."""
+        if self.starvation_s is None:
+            return float("inf")
+        self._clean()
+        if not self._fifo:
+            return float("inf")
+        t = self._fifo[0][1].arrival_time + self.starvation_s
+        return t if t >= self.now else float("inf")
+
     def pop(self) -> Request:
         r = self._head()
         self.remove(r)

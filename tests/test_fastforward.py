@@ -34,7 +34,8 @@ def experiment(ff: bool, **over) -> object:
            "enable_chunked_prefill": over.pop("chunked", True)}
     if "cpu" in over:
         eng["cpu_overhead"] = {"base_s": over.pop("cpu"), "per_seq_s": 1e-5}
-    policy = {"preemption": {"mode": over.pop("preemption", "recompute")}}
+    policy = {"preemption": {"mode": over.pop("preemption", "recompute")}, "scheduler": over.pop("scheduler", "vllm_v1"),
+              "options": over.pop("options", {})}
     data = {"name": "ff", "engine": eng, "policy": policy, "model": {"name": "Llama-3.1-8B"}, "hardware": {"gpu": "H100-SXM5-80GB"},
             "cluster": {"num_instances": over.pop("instances", 1), "router": over.pop("router", "round_robin")},
             "simulation": {"fast_forward": ff, "progress": False, "horizon_s": over.pop("horizon", None)}}
@@ -89,6 +90,24 @@ def test_fast_forward_equals_step_by_step(spec, version, blocks, seqs, caching, 
        router=st.sampled_from(["round_robin", "test_least_running"]), horizon=st.sampled_from([None, 1.7]))
 def test_fast_forward_equals_step_by_step_in_a_cluster_and_at_a_horizon(spec, version, router, horizon):
     assert_same(spec, version=version, instances=3, router=router, horizon=horizon, blocks=150)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=request_spec, blocks=st.sampled_from([40, 60, 120]), seqs=st.sampled_from([4, 16]),
+       starvation=st.sampled_from([0.05, 0.2, 1.0]))
+def test_fast_forward_equals_step_by_step_with_a_queue_whose_order_changes_over_time(spec, blocks, seqs, starvation):
+    # SJF promotes the oldest waiting request once it has waited starvation_s: a jump must end before that
+    assert_same(spec, scheduler="sjf", options={"starvation_s": starvation}, blocks=blocks, seqs=seqs)
+
+
+def test_fast_forward_ends_before_a_starved_request_becomes_the_head():
+    # 0 and 1 run; 2 (older, long job, 19 blocks) and 3 (short job, 32 blocks) wait for KV. When 1 finishes, 3 is
+    # SJF's head and still does not fit while 2 would; at 0.31 s 2 has waited starvation_s and becomes the head
+    spec = [(0.0, 800, 150, None), (0.0, 200, 20, None), (0.01, 300, 200, None), (0.01, 500, 5, None)]
+    res = assert_same(spec, scheduler="sjf", options={"starvation_s": 0.3}, blocks=80, seqs=16, mbt=2048)
+    r2 = next(r for r in res.requests if r.request_id == "2")
+    assert 0.31 < r2.first_scheduled_time < 0.4
+    assert sum(i.jumped_steps for i in res.instances) > 100
 
 
 def test_fast_forward_actually_jumps_and_counts():
