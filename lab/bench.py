@@ -100,20 +100,50 @@ def run_workload(name: str, path: str, data_dir: str | None = None, overrides: d
     return BenchResult(name, d["requests"], d["sim_wall_s"], wall, d["sim_end_s"], d["steps"], d["jumped_steps"], peak)
 
 
-def run_vidur(vidur_dir: str, python: str, trace: str) -> tuple[float, float]:
-    """Run Vidur on a trace (vLLM scheduler, Llama-2-7B on one A100 replica); return (wall s, peak MB)."""
+# Vidur model names -> this project's catalog names (the models Vidur profiled on the A100 that the catalog has).
+VIDUR_MODELS = {"meta-llama/Llama-2-7b-hf": "Llama-2-7B", "meta-llama/Llama-2-70b-hf": "Llama-2-70B",
+                "meta-llama/Meta-Llama-3-8B": "Llama-3.1-8B"}
+# Vidur's vLLM scheduler defaults (vidur/config/config.py): batch_size_cap 128, max_tokens_in_batch 4096, block 16.
+VIDUR_VLLM_LIMITS = {"max_num_seqs": 128, "max_num_batched_tokens": 4096, "block_size": 16}
+
+
+def vidur_equivalent(model: str, tp: int) -> dict:
+    """Overrides that make a servelab experiment run what Vidur runs: its model on A100s at ``tp``, its vLLM
+    scheduler's limits.
+
+    Raises:
+        ValueError: a Vidur model this catalog lacks.
+    """
+    if model not in VIDUR_MODELS:
+        raise ValueError(f"--vidur-model {model!r}: expected one of {sorted(VIDUR_MODELS)}")
+    return {"model": {"name": VIDUR_MODELS[model]},
+            "hardware": {"gpu": "A100-80GB-SXM4", "tensor_parallel_size": tp},
+            "engine": dict(VIDUR_VLLM_LIMITS)}
+
+
+def run_vidur(vidur_dir: str, python: str, trace: str, model: str = "meta-llama/Llama-2-7b-hf", tp: int = 1,
+              attention_file: str | None = None) -> tuple[float, float]:
+    """Run Vidur on a trace (its vLLM scheduler, one A100 replica of ``model`` at ``tp``, metrics not written);
+    return (whole-process wall s, peak MB). ``attention_file`` replaces the attention profile Vidur looks for under
+    its data/profiling (its repository stores those files in Git LFS).
+
+    Raises:
+        RuntimeError: Vidur failed (the message ends with its stderr).
+    """
     out_dir = tempfile.mkdtemp(prefix="vidur_bench_")
     args = [python, "-m", "vidur.main",
             "--replica_config_device", "a100",
-            "--replica_config_model_name", "meta-llama/Llama-2-7b-hf",
+            "--replica_config_model_name", model,
             "--cluster_config_num_replicas", "1",
-            "--replica_config_tensor_parallel_size", "1",
+            "--replica_config_tensor_parallel_size", str(tp),
             "--replica_config_num_pipeline_stages", "1",
             "--request_generator_config_type", "trace_replay",
             "--trace_request_generator_config_trace_file", trace,
             "--replica_scheduler_config_type", "vllm",
             "--metrics_config_output_dir", out_dir,
             "--no-metrics_config_write_metrics"]
+    if attention_file:
+        args += ["--random_forrest_execution_time_predictor_config_attention_input_file", attention_file]
     _, wall, peak = _run_child(args, cwd=vidur_dir)
     return wall, peak
 

@@ -156,10 +156,15 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
           vidur: Optional[Path] = typer.Option(None, "--vidur", help="a microsoft/vidur checkout to run beside us"),
           vidur_python: str = typer.Option(sys.executable, "--vidur-python",
                                            help="the Python that has Vidur's dependencies"),
+          vidur_model: str = typer.Option("meta-llama/Llama-2-7b-hf", "--vidur-model",
+                                          help="the model both simulators run (Vidur's name)"),
+          vidur_tp: int = typer.Option(1, "--vidur-tp", min=1, help="tensor parallel size of that replica"),
+          vidur_attention_file: Optional[Path] = typer.Option(
+              None, "--vidur-attention-file", help="attention profile for Vidur (its own is in Git LFS)"),
           fast_forward: bool = typer.Option(True, "--fast-forward/--no-fast-forward")) -> None:
     """Time the simulator on fixed workloads and print a table (wall time, simulated s per wall s, requests and
     steps per wall s, peak memory), beside Vidur's reference figures or a Vidur run."""
-    from lab.bench import VIDUR_REFERENCE, WORKLOADS, run_vidur, run_workload
+    from lab.bench import VIDUR_REFERENCE, WORKLOADS, run_vidur, run_workload, vidur_equivalent
     from lab.paths import PROJECT_ROOT, default_data_dir
 
     names = [w.strip() for w in workloads.split(",") if w.strip()]
@@ -186,14 +191,22 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
         if vidur is not None:
             trace = str(Path(dd or default_data_dir()) / "traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv")
             vt = Path(vidur) / "data/processed_traces/splitwise_conv.csv"
-            err_console.print("running Vidur on the same trace ...")
-            v_wall, v_peak = run_vidur(str(vidur), vidur_python, str(vt if vt.is_file() else trace))
-            same = run_workload("azure_conv_llama2_7b_a100", str(PROJECT_ROOT / WORKLOADS["azure_conv"]), dd,
-                                {"model": {"name": "Llama-2-7B"}, "hardware": {"gpu": "A100-80GB-SXM4"},
-                                 **(over or {})})
-            console.print(f"Vidur (Llama-2-7B / A100, vLLM scheduler): {v_wall:.1f} s wall (whole process), "
-                          f"{v_peak:,.0f} MB peak; servelab on the same model, GPU and trace: {same.total_wall_s:.2f} s "
-                          f"whole process, {same.peak_mb:,.0f} MB -> {v_wall / same.total_wall_s:.1f}x faster")
+            try:
+                equivalent = vidur_equivalent(vidur_model, vidur_tp)
+            except ValueError as e:
+                _fail(str(e))
+            err_console.print(f"running Vidur on the same trace ({vidur_model}, TP{vidur_tp}) ...")
+            try:
+                v_wall, v_peak = run_vidur(str(vidur), vidur_python, str(vt if vt.is_file() else trace), vidur_model,
+                                           vidur_tp, str(vidur_attention_file) if vidur_attention_file else None)
+            except RuntimeError as e:
+                _fail(str(e))
+            same = run_workload("azure_conv_as_vidur", str(PROJECT_ROOT / WORKLOADS["azure_conv"]), dd,
+                                {**equivalent, **(over or {})})
+            console.print(f"Vidur ({vidur_model}, TP{vidur_tp}, A100, vLLM scheduler): {v_wall:.1f} s wall (whole "
+                          f"process), {v_peak:,.0f} MB peak; servelab on the same model, GPU, limits and trace: "
+                          f"{same.total_wall_s:.2f} s whole process ({same.sim_wall_s:.2f} s simulation), "
+                          f"{same.peak_mb:,.0f} MB -> {v_wall / same.total_wall_s:.1f}x faster")
         else:
             ref = VIDUR_REFERENCE["azure_conv"]
             console.print(f"Vidur reference (microsoft/vidur, Llama-2-7B / A100 vLLM scheduler, 2-core machine, "
