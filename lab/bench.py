@@ -125,7 +125,7 @@ def run_vidur(vidur_dir: str, python: str, trace: str, model: str = "meta-llama/
               attention_file: str | None = None) -> tuple[float, float]:
     """Run Vidur on a trace (its vLLM scheduler, one A100 replica of ``model`` at ``tp``, metrics not written);
     return (whole-process wall s, peak MB). ``attention_file`` replaces the attention profile Vidur looks for under
-    its data/profiling (its repository stores those files in Git LFS).
+    its data/profiling (for a checkout that lacks it).
 
     Raises:
         RuntimeError: Vidur failed (the message ends with its stderr).

@@ -160,7 +160,7 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
                                           help="the model both simulators run (Vidur's name)"),
           vidur_tp: int = typer.Option(1, "--vidur-tp", min=1, help="tensor parallel size of that replica"),
           vidur_attention_file: Optional[Path] = typer.Option(
-              None, "--vidur-attention-file", help="attention profile for Vidur (its own is in Git LFS)"),
+              None, "--vidur-attention-file", help="attention profile for Vidur, if its checkout lacks data/profiling/.../attention.csv"),
           fast_forward: bool = typer.Option(True, "--fast-forward/--no-fast-forward")) -> None:
     """Time the simulator on fixed workloads and print a table (wall time, simulated s per wall s, requests and
     steps per wall s, peak memory), beside Vidur's reference figures or a Vidur run."""
