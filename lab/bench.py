@@ -107,6 +107,30 @@ VIDUR_MODELS = {"meta-llama/Llama-2-7b-hf": "Llama-2-7B", "meta-llama/Llama-2-70
 VIDUR_VLLM_LIMITS = {"max_num_seqs": 128, "max_num_batched_tokens": 4096, "block_size": 16}
 
 
+def vidur_trace_as_csv(vidur_trace: str, out_csv: str, max_tokens: int = 4096, time_scale: float = 1.0) -> int:
+    """Write the requests Vidur's ``trace_replay`` generator makes of a trace (columns ``arrived_at,
+    num_prefill_tokens, num_decode_tokens``) as a servelab CSV trace, so both simulators run the same requests:
+    token counts at least 1, the prompt shortened so prompt + output <= ``max_tokens`` (Vidur's default 4096),
+    arrival times multiplied by ``time_scale`` (vidur/request_generator/trace_replay_request_generator.py).
+    Returns the number of requests.
+
+    Raises:
+        ValueError: the file lacks those columns.
+    """
+    import pandas as pd
+
+    df = pd.read_csv(vidur_trace)
+    need = {"arrived_at", "num_prefill_tokens", "num_decode_tokens"}
+    if not need <= set(df.columns):
+        raise ValueError(f"{vidur_trace}: expected Vidur trace columns {sorted(need)}, found {list(df.columns)}")
+    prompt = df["num_prefill_tokens"].astype(int).clip(lower=1)
+    output = df["num_decode_tokens"].astype(int).clip(lower=1)
+    prompt = prompt - (prompt + output - max_tokens).clip(lower=0)
+    pd.DataFrame({"arrival_time_s": df["arrived_at"] * time_scale, "prompt_tokens": prompt,
+                  "output_tokens": output}).to_csv(out_csv, index=False)
+    return len(df)
+
+
 def vidur_equivalent(model: str, tp: int) -> dict:
     """Overrides that make a servelab experiment run what Vidur runs: its model on A100s at ``tp``, its vLLM
     scheduler's limits.
@@ -122,7 +146,7 @@ def vidur_equivalent(model: str, tp: int) -> dict:
 
 
 def run_vidur(vidur_dir: str, python: str, trace: str, model: str = "meta-llama/Llama-2-7b-hf", tp: int = 1,
-              attention_file: str | None = None) -> tuple[float, float]:
+              attention_file: str | None = None, time_scale: float = 1.0) -> tuple[float, float]:
     """Run Vidur on a trace (its vLLM scheduler, one A100 replica of ``model`` at ``tp``, metrics not written);
     return (whole-process wall s, peak MB). ``attention_file`` replaces the attention profile Vidur looks for under
     its data/profiling (for a checkout that lacks it).
@@ -142,6 +166,8 @@ def run_vidur(vidur_dir: str, python: str, trace: str, model: str = "meta-llama/
             "--replica_scheduler_config_type", "vllm",
             "--metrics_config_output_dir", out_dir,
             "--no-metrics_config_write_metrics"]
+    if time_scale != 1.0:
+        args += ["--trace_request_generator_config_time_scale_factor", str(time_scale)]
     if attention_file:
         args += ["--random_forrest_execution_time_predictor_config_attention_input_file", attention_file]
     _, wall, peak = _run_child(args, cwd=vidur_dir)

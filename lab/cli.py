@@ -159,13 +159,15 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
           vidur_model: str = typer.Option("meta-llama/Llama-2-7b-hf", "--vidur-model",
                                           help="the model both simulators run (Vidur's name)"),
           vidur_tp: int = typer.Option(1, "--vidur-tp", min=1, help="tensor parallel size of that replica"),
+          vidur_time_scale: float = typer.Option(1.0, "--vidur-time-scale", min=0.01,
+                                                 help="stretch the trace's arrival times (both simulators)"),
           vidur_attention_file: Optional[Path] = typer.Option(
               None, "--vidur-attention-file", help="attention profile for Vidur, if its checkout lacks data/profiling/.../attention.csv"),
           fast_forward: bool = typer.Option(True, "--fast-forward/--no-fast-forward")) -> None:
     """Time the simulator on fixed workloads and print a table (wall time, simulated s per wall s, requests and
     steps per wall s, peak memory), beside Vidur's reference figures or a Vidur run."""
-    from lab.bench import VIDUR_REFERENCE, WORKLOADS, run_vidur, run_workload, vidur_equivalent
-    from lab.paths import PROJECT_ROOT, default_data_dir
+    from lab.bench import VIDUR_REFERENCE, WORKLOADS, run_vidur, run_workload, vidur_equivalent, vidur_trace_as_csv
+    from lab.paths import PROJECT_ROOT
 
     names = [w.strip() for w in workloads.split(",") if w.strip()]
     bad = [n for n in names if n not in WORKLOADS]
@@ -189,20 +191,27 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
     if "azure_conv" in names:
         ours = next(r for r in results if r.name == "azure_conv")
         if vidur is not None:
-            trace = str(Path(dd or default_data_dir()) / "traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv")
-            vt = Path(vidur) / "data/processed_traces/splitwise_conv.csv"
+            vt = Path(vidur) / "data/processed_traces/splitwise_conv.csv"  # Vidur's copy of the same Azure trace
+            if not vt.is_file():
+                _fail(f"--vidur {vidur}: {vt} not found (expected a microsoft/vidur checkout)")
             try:
                 equivalent = vidur_equivalent(vidur_model, vidur_tp)
             except ValueError as e:
                 _fail(str(e))
             err_console.print(f"running Vidur on the same trace ({vidur_model}, TP{vidur_tp}) ...")
             try:
-                v_wall, v_peak = run_vidur(str(vidur), vidur_python, str(vt if vt.is_file() else trace), vidur_model,
-                                           vidur_tp, str(vidur_attention_file) if vidur_attention_file else None)
+                v_wall, v_peak = run_vidur(str(vidur), vidur_python, str(vt), vidur_model, vidur_tp,
+                                           str(vidur_attention_file) if vidur_attention_file else None,
+                                           vidur_time_scale)
             except RuntimeError as e:
                 _fail(str(e))
+            import tempfile
+
+            same_trace = Path(tempfile.mkdtemp(prefix="servelab_vidur_")) / "trace.csv"
+            vidur_trace_as_csv(str(vt), str(same_trace), time_scale=vidur_time_scale)  # the requests Vidur ran
             same = run_workload("azure_conv_as_vidur", str(PROJECT_ROOT / WORKLOADS["azure_conv"]), dd,
-                                {**equivalent, **(over or {})})
+                                {**equivalent, "workload": {"source": "csv", "path": str(same_trace)},
+                                 **(over or {})})
             console.print(f"Vidur ({vidur_model}, TP{vidur_tp}, A100, vLLM scheduler): {v_wall:.1f} s wall (whole "
                           f"process), {v_peak:,.0f} MB peak; servelab on the same model, GPU, limits and trace: "
                           f"{same.total_wall_s:.2f} s whole process ({same.sim_wall_s:.2f} s simulation), "

@@ -41,3 +41,18 @@ def test_servelab_side_runs_what_vidur_runs():
     assert (dep.scheduler_config.max_num_seqs, dep.scheduler_config.max_num_batched_tokens) == (128, 4096)
     with pytest.raises(ValueError, match="--vidur-model"):
         vidur_equivalent("Qwen/Qwen-72B", 1)
+
+
+def test_vidur_trace_becomes_the_same_requests_for_servelab(tmp_path):
+    from lab.bench import vidur_trace_as_csv
+    from lab.workload.loaders import load_csv
+
+    src = tmp_path / "vidur.csv"
+    src.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,374,44\n4.5,4090,100\n5.0,0,0\n")
+    assert vidur_trace_as_csv(str(src), str(tmp_path / "t.csv"), time_scale=2.0) == 3
+    reqs = load_csv(tmp_path / "t.csv")
+    # Vidur keeps prompt + output <= 4096 by shortening the prompt, and at least one token of each
+    assert [(r.arrival_time, r.prompt_len, r.max_tokens) for r in reqs] == [(0.0, 374, 44), (9.0, 3996, 100),
+                                                                             (10.0, 1, 1)]
+    with pytest.raises(ValueError, match="expected Vidur trace columns"):
+        vidur_trace_as_csv(str(tmp_path / "t.csv"), str(tmp_path / "u.csv"))
