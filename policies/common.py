@@ -1,4 +1,5 @@
-"""Building blocks every scheduler shares: prefix lookup, victim selection and allocate-or-preempt.
+"""Building blocks every scheduler shares: prefix lookup, victim selection, allocate-or-preempt and whole-prompt
+admission.
 
 These are helpers on top of the :class:`lab.sched_api.EngineView` mechanisms; a user's policy may import them.
 
@@ -15,6 +16,8 @@ Victim rules (``policy.preemption.victim``), applied to the running list (admiss
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from lab.kv_cache import Block
 from lab.request import Request, RequestStatus
@@ -97,6 +100,30 @@ def allocate_or_preempt(engine: EngineView, out: SchedulerOutput, request: Reque
         if victim is request:
             return False, refunded
     return True, refunded
+
+
+def admit_whole_prompts(engine: EngineView, out: SchedulerOutput, tokens: int, max_step_tokens: int | None,
+                        reserve: Callable[[Request], int]) -> None:
+    """Admit waiting requests in queue order, each with its whole uncached prompt in this step and ``reserve(r)``
+    extra KV slots (lookahead tokens) allocated now, while ``max_num_seqs`` allows; stop at the first that does
+    not fit the KV cache or would push the step past ``max_step_tokens`` (None = no cap; a step's first request
+    always fits). ``tokens``: the step's tokens already scheduled. Orca and static batching admit this way."""
+    waiting = engine.waiting
+    kv = engine.kv
+    max_seqs = engine.config.max_num_seqs
+    while waiting and len(engine.running) < max_seqs:
+        r = waiting.peek()
+        hits, num_hit = lookup(engine, r)
+        n = r.num_tokens - num_hit
+        if max_step_tokens is not None and tokens and tokens + n > max_step_tokens:
+            break
+        if not kv.allocate_slots(r, n, hits, num_hit if r.num_computed_tokens == 0 else 0,
+                                 num_lookahead_tokens=reserve(r)):
+            break
+        waiting.pop()
+        engine.admit(r, num_hit)
+        out.add(r, n)
+        tokens += n
 
 
 def is_running(request: Request) -> bool:

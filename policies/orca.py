@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lab.sched_api import EngineView, SchedulerOutput
-from policies.common import allocate_or_preempt, is_running, lookup, resolve_victim_rule
+from policies.common import admit_whole_prompts, allocate_or_preempt, is_running, resolve_victim_rule
 
 
 class OrcaScheduler:
@@ -49,10 +49,8 @@ class OrcaScheduler:
 
     def schedule(self, engine: EngineView) -> SchedulerOutput:
         cfg = engine.config
-        kv = engine.kv
         out = SchedulerOutput()
         rule = resolve_victim_rule(engine)
-        cap = self.options.max_tokens_per_step
         tokens = 0
         for r in list(engine.running):
             if not is_running(r):
@@ -66,18 +64,5 @@ class OrcaScheduler:
                 tokens += n
         if out.preempted:
             return out
-        waiting = engine.waiting
-        while waiting and len(engine.running) < cfg.max_num_seqs:
-            r = waiting.peek()
-            hits, num_hit = lookup(engine, r)
-            n = r.num_tokens - num_hit
-            if cap is not None and tokens and tokens + n > cap:
-                break
-            if not kv.allocate_slots(r, n, hits, num_hit if r.num_computed_tokens == 0 else 0,
-                                     num_lookahead_tokens=self._lookahead(engine, r)):
-                break
-            waiting.pop()
-            engine.admit(r, num_hit)
-            out.add(r, n)
-            tokens += n
+        admit_whole_prompts(engine, out, tokens, self.options.max_tokens_per_step, lambda r: self._lookahead(engine, r))
         return out

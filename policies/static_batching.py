@@ -18,7 +18,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from lab.sched_api import EngineView, SchedulerOutput
-from policies.common import lookup
+from policies.common import admit_whole_prompts
 
 
 class StaticBatchingScheduler:
@@ -34,7 +34,6 @@ class StaticBatchingScheduler:
         self.options = options or self.Options()
 
     def schedule(self, engine: EngineView) -> SchedulerOutput:
-        cfg = engine.config
         out = SchedulerOutput()
         if engine.running:
             for r in engine.running:
@@ -45,21 +44,7 @@ class StaticBatchingScheduler:
                         raise RuntimeError(f"static batching: request {r.request_id} ran out of its reserved KV")
                     out.add(r, n)
             return out
-        waiting = engine.waiting
-        cap = self.options.max_batch_tokens
-        tokens = 0
-        kv = engine.kv
-        while waiting and len(engine.running) < cfg.max_num_seqs:
-            r = waiting.peek()
-            hits, num_hit = lookup(engine, r)
-            n = r.num_tokens - num_hit
-            if cap is not None and tokens and tokens + n > cap:
-                break
-            if not kv.allocate_slots(r, n, hits, num_hit if r.num_computed_tokens == 0 else 0,
-                                     num_lookahead_tokens=max(0, r.max_tokens - r.num_output_tokens - 1)):
-                break
-            waiting.pop()
-            engine.admit(r, num_hit)
-            out.add(r, n)
-            tokens += n
+        # KV for prompt + max_tokens - 1 (the last token is never fed back), reserved now
+        admit_whole_prompts(engine, out, 0, self.options.max_batch_tokens,
+                            lambda r: max(0, r.max_tokens - r.num_output_tokens - 1))
         return out
