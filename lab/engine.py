@@ -217,6 +217,8 @@ class Instance:
         # A scheduler may own its waiting-queue order (e.g. shortest job first) through make_queue(config).
         own_queue = getattr(scheduler, "make_queue", None)
         self.waiting = own_queue(config) if own_queue is not None else make_queue(config.queue_policy)
+        # a queue whose order changes with time alone says until when it is stable (lab/queues.py WaitingQueue)
+        self._order_stable_until = getattr(self.waiting, "order_stable_until", None)
         self.itl = itl_samples
         self.on_done = on_done
         self.record_events = record_events
@@ -560,9 +562,8 @@ class Instance:
                     and ff.steady_batch(self)):
                 self._inflight = inflight
                 stop = self.stop_time
-                stable = getattr(self.waiting, "order_stable_until", None) if self.waiting else None
-                if stable is not None:
-                    stop = min(stop, stable())  # a jump ends before the waiting order can change
+                if self._order_stable_until is not None and self.waiting:
+                    stop = min(stop, self._order_stable_until())  # a jump ends before the waiting order can change
                 p = ff.plan(self, stop)
                 self._inflight = None
                 if p is not None:
