@@ -8,7 +8,7 @@ token-count terms are cached) and for mixed prefill + decode steps, for a dense 
 
 import time
 
-from lab.costmodel.base import BatchShape
+from lab.core.batch import BatchShape
 from lab.costmodel.hardware import load_hardware
 from lab.costmodel.model_arch import load_model
 from lab.costmodel.operator import OperatorCostModel, load_curves
@@ -19,7 +19,7 @@ def bench(label: str, cm: OperatorCostModel, n: int = 20000) -> None:
     ctx = list(range(500, 500 + 128))
     t0 = time.perf_counter()
     for i in range(n):
-        cm.step_time(BatchShape.decode_only(ctx, i, sum(ctx), max(ctx), min(ctx)))
+        cm.step_time(BatchShape.decode_only(ctx, sum(ctx) + len(ctx) * i, max(ctx) + i, min(ctx) + i))
     dec = (time.perf_counter() - t0) / n * 1e6
     t0 = time.perf_counter()
     for i in range(n // 4):

@@ -53,8 +53,8 @@ def _flatten(d, prefix=""):
 
 
 def _figures(exp) -> dict:
-    from lab.report import collect, steps_frame
-    from lab.simulation import simulate
+    from lab.report.run_report import collect, steps_frame
+    from lab.experiment.simulation import simulate
 
     result = simulate(exp)
     steps = steps_frame(result)
@@ -65,7 +65,7 @@ def _figures(exp) -> dict:
 
 def _one(job: tuple[str, dict | None, str, str | None]) -> tuple[str, dict]:
     name, data, source, data_dir = job
-    from lab.config import load_experiment, parse_experiment
+    from lab.experiment.config import load_experiment, parse_experiment
 
     if data is None:
         exp = load_experiment(ROOT / "experiments" / f"{name}.yaml", data_dir, {})
@@ -75,7 +75,7 @@ def _one(job: tuple[str, dict | None, str, str | None]) -> tuple[str, dict]:
 
 
 def _jobs(data_dir: str | None) -> list:
-    from lab.compare import load_comparison
+    from lab.report.compare import load_comparison
 
     jobs = [(n, None, n, data_dir) for n in EXPERIMENTS]
     _, runs = load_comparison(ROOT / "experiments" / "policy_comparison.yaml", data_dir)

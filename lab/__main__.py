@@ -1,3 +1,3 @@
-from lab.cli import app
+from lab.cli.main import app
 
 app(prog_name="servelab")

@@ -1,6 +1,6 @@
 """Scheduling policies, routers and their registry (docs/policies.md is the plug-in contract).
 
-A scheduler is a class with ``schedule(engine) -> SchedulerOutput`` (see lab/sched_api.py); a router is a class
+A scheduler is a class with ``schedule(engine) -> SchedulerOutput`` (see lab/core/sched_api.py); a router is a class
 with ``route(request, instances, now) -> int``. Either may declare its options as a nested pydantic model
 ``Options`` (validated from ``policy.options`` / ``cluster.router_options``; unknown keys are errors) and then
 takes the validated options as its one constructor argument; an ``Options`` field named ``seed`` left unset gets
@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from lab.sched_api import Router, Scheduler
+from lab.core.sched_api import Router, Scheduler
 from policies.orca import OrcaScheduler
 from policies.routers import (LeastRequestsRouter, LeastTokensRouter, PowerOfTwoRouter, PrefixAwareRouter,
                               RoundRobinRouter, SessionAffinityRouter)

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from lab.kv_cache import Block
-from lab.request import Request, RequestStatus
-from lab.sched_api import EngineView, SchedulerOutput
+from lab.core.kv_cache import Block
+from lab.core.request import Request, RequestStatus
+from lab.core.sched_api import EngineView, SchedulerOutput
 
 VICTIM_RULES = ("last", "lowest_priority", "most_kv", "least_progress")
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.sched_api import EngineView, SchedulerOutput
+from lab.core.sched_api import EngineView, SchedulerOutput
 from policies.common import admit_whole_prompts, allocate_or_preempt, is_running, resolve_victim_rule
 
 

@@ -28,8 +28,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.request import Request
-from lab.sched_api import InstanceView
+from lab.core.request import Request
+from lab.core.sched_api import InstanceView
 
 
 def _outstanding_requests(inst: InstanceView) -> int:

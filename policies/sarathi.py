@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.sched_api import EngineView, SchedulerOutput
+from lab.core.sched_api import EngineView, SchedulerOutput
 from policies.common import allocate_or_preempt, is_running, lookup, resolve_victim_rule
 
 

@@ -39,9 +39,9 @@ from typing import Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.queues import make_queue
-from lab.request import Request
-from lab.sched_api import EngineView, SchedulerConfig, SchedulerOutput
+from lab.core.queues import make_queue
+from lab.core.request import Request
+from lab.core.sched_api import EngineView, SchedulerConfig, SchedulerOutput
 from policies.common import is_running, lookup, pick_victim
 
 

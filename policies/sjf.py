@@ -32,8 +32,8 @@ from typing import Iterable, Iterator, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lab.request import Request
-from lab.sched_api import EngineView, SchedulerConfig, SchedulerOutput
+from lab.core.request import Request
+from lab.core.sched_api import EngineView, SchedulerConfig, SchedulerOutput
 from policies.vllm_v1 import VLLMV1Scheduler
 
 

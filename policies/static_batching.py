@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.sched_api import EngineView, SchedulerOutput
+from lab.core.sched_api import EngineView, SchedulerOutput
 from policies.common import admit_whole_prompts
 
 

@@ -11,8 +11,8 @@ first; the first allocation failure stops it (head-of-line blocking; a waiting r
 
 from __future__ import annotations
 
-from lab.request import RequestStatus
-from lab.sched_api import EngineView, SchedulerOutput
+from lab.core.request import RequestStatus
+from lab.core.sched_api import EngineView, SchedulerOutput
 from policies.common import allocate_or_preempt, lookup, resolve_victim_rule
 
 _RUNNING = RequestStatus.RUNNING

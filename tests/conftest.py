@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import simpy
 
-from lab.costmodel.base import BatchShape
-from lab.engine import EngineOptions, Instance
-from lab.kv_cache import KVCacheManager
-from lab.paths import default_data_dir
-from lab.request import Request
-from lab.samples import WeightedSamples
-from lab.sched_api import SchedulerConfig
+from lab.core.batch import BatchShape
+from lab.engine.instance import EngineOptions, Instance
+from lab.core.kv_cache import KVCacheManager
+from lab.experiment.paths import default_data_dir
+from lab.core.request import Request
+from lab.core.samples import WeightedSamples
+from lab.core.sched_api import SchedulerConfig
 from policies.vllm_v1 import VLLMV1Scheduler
 
 DATA_DIR = default_data_dir()

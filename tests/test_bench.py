@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from lab.bench import run_vidur, vidur_equivalent
-from lab.config import parse_experiment
-from lab.simulation import build_deployment
+from lab.report.bench import run_vidur, vidur_equivalent
+from lab.experiment.config import parse_experiment
+from lab.experiment.simulation import build_deployment
 
 
 def test_vidur_command_names_model_tp_trace_and_attention_profile(tmp_path):
@@ -44,7 +44,7 @@ def test_servelab_side_runs_what_vidur_runs():
 
 
 def test_vidur_trace_becomes_the_same_requests_for_servelab(tmp_path):
-    from lab.bench import vidur_trace_as_csv
+    from lab.report.bench import vidur_trace_as_csv
     from lab.workload.loaders import load_csv
 
     src = tmp_path / "vidur.csv"

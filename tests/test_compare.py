@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from lab.cli import app
-from lab.compare import load_comparison
-from lab.config import ConfigError
+from lab.cli.main import app
+from lab.report.compare import load_comparison
+from lab.experiment.config import ConfigError
 from tests.conftest import needs_data
 
 REPO = Path(__file__).resolve().parent.parent

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lab.config import ConfigError, load_experiment, parse_set_option
+from lab.experiment.config import ConfigError, load_experiment, parse_set_option
 
 
 def write(tmp_path, text):
@@ -20,8 +20,8 @@ def test_minimal_experiment_gets_defaults(tmp_path):
 @pytest.mark.parametrize("gpu,mbt,seqs", [("H100", 8192, 1024), ("H200", 8192, 1024), ("B200", 16384, 1024),
                                           ("A100", 2048, 256), ("RTX4090", 2048, 256)])
 def test_batch_limits_default_to_vllms_for_the_gpu(gpu, mbt, seqs):
-    from lab.config import parse_experiment
-    from lab.simulation import build_deployment
+    from lab.experiment.config import parse_experiment
+    from lab.experiment.simulation import build_deployment
 
     dep = build_deployment(parse_experiment({"name": "x", "hardware": {"gpu": gpu}}))
     assert (dep.scheduler_config.max_num_batched_tokens, dep.scheduler_config.max_num_seqs) == (mbt, seqs)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lab.costmodel.base import BatchShape
+from lab.core.batch import BatchShape
 from lab.costmodel.hardware import load_hardware
 from lab.costmodel.kv_capacity import bytes_per_block, derive_num_gpu_blocks
 from lab.costmodel.llmservingsim import LLMServingSimProfileCostModel

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from lab.cli import app
-from lab.config import ConfigError, load_experiment, parse_experiment
+from lab.cli.main import app
+from lab.experiment.config import ConfigError, load_experiment, parse_experiment
 from lab.costmodel.fit import work
 from lab.costmodel.hardware import load_hardware
 from lab.costmodel.operator import load_curves

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from lab.costmodel import ops
-from lab.costmodel.base import BatchShape
+from lab.core.batch import BatchShape
 from lab.costmodel.fit import TILE_FEATURES, CurveSet, drop_impossible, fit_curve, gemm_features, mape, work
 from lab.costmodel.hardware import load_hardware
 from lab.costmodel.model_arch import load_model

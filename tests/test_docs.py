@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from lab import config
+from lab.experiment import config
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "experiments.md").read_text()
 
@@ -27,7 +27,7 @@ def test_every_experiment_field_is_documented():
 
 
 def test_preemption_and_comparison_fields_are_documented():
-    from lab.compare import ComparisonSpec, GroupSpec
+    from lab.report.compare import ComparisonSpec, GroupSpec
 
     policy = DOC.split("## policy", 1)[1].split("\n## ", 1)[0]
     missing = [f"policy.preemption.{f}" for f in fields(config.PreemptionConfig) if f"`{f}`" not in policy]

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lab.config import CPUOverheadConfig
+from lab.experiment.config import CPUOverheadConfig
 from tests.conftest import DATA_DIR, needs_data
 
 CSV = ("calibration", "vidur", "historical_acb95f6", "a100", "cpu_overheads.csv")

@@ -6,12 +6,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import policies
-from lab.config import parse_experiment
-from lab.costmodel.base import BatchShape
-from lab.metrics import requests_frame
-from lab.report import steps_frame
-from lab.request import Request
-from lab.simulation import simulate
+from lab.experiment.config import parse_experiment
+from lab.core.batch import BatchShape
+from lab.report.metrics import requests_frame
+from lab.report.run_report import steps_frame
+from lab.core.request import Request
+from lab.experiment.simulation import simulate
 
 
 class LeastRunningRouter:
@@ -130,7 +130,7 @@ class NoVectorCost:
 
 
 def test_fast_forward_with_a_cost_model_without_vectorised_decode_times(monkeypatch):
-    import lab.simulation as sim
+    import lab.experiment.simulation as sim
 
     monkeypatch.setattr(sim, "build_cost_model", lambda exp, m, h: NoVectorCost())
     spec = [(0.01, 50, 200, None), (0.05, 600, 100, 1), (0.2, 40, 150, 1), (0.01, 30, 90, None)]

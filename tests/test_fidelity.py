@@ -9,8 +9,8 @@ import pytest
 from lab.costmodel.hardware import load_hardware
 from lab.costmodel.kv_capacity import activation_peak_bytes, derive_num_gpu_blocks
 from lab.costmodel.model_arch import load_model
-from lab.engine import EngineOptions
-from lab.validate import compare, load_measured, simulated_timeseries
+from lab.engine.instance import EngineOptions
+from lab.report.validate import compare, load_measured, simulated_timeseries
 from lab.workload.loaders import load_vllm_bench
 from tests.conftest import make_engine, req, submit
 

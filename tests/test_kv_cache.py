@@ -2,8 +2,8 @@
 
 import pytest
 
-from lab.kv_cache import BlockPool, KVCacheManager
-from lab.request import Request
+from lab.core.kv_cache import BlockPool, KVCacheManager
+from lab.core.request import Request
 
 
 def test_block_zero_is_reserved_and_usage_counts_usable_blocks():

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lab.metrics import describe, requests_frame, summarize
+from lab.report.metrics import describe, requests_frame, summarize
 from tests.conftest import make_engine, req, submit
 
 
@@ -78,7 +78,7 @@ def test_unfinished_requests_are_counted_at_a_horizon():
 
 
 def test_weighted_samples_are_exact_and_compact_on_long_runs(monkeypatch):
-    import lab.samples as samples
+    import lab.core.samples as samples
 
     rng = np.random.default_rng(0)
     vals = rng.uniform(0.001, 0.05, 500)

@@ -6,7 +6,7 @@ tokens appear at time k. Shapes are listed as (tokens, prefill chunks, decodes).
 
 import pytest
 
-from lab.request import RequestStatus
+from lab.core.request import RequestStatus
 from policies.orca import OrcaScheduler
 from policies.sarathi import SarathiScheduler
 from policies.sglang import LongestOutputFirstQueue, SGLangScheduler, dfs_weight_order

@@ -2,10 +2,10 @@
 
 import pytest
 
-from lab.config import parse_experiment
-from lab.report import collect
-from lab.request import Request
-from lab.simulation import simulate
+from lab.experiment.config import parse_experiment
+from lab.report.run_report import collect
+from lab.core.request import Request
+from lab.experiment.simulation import simulate
 from policies import make_router
 from policies.routers import SessionAffinityRouter
 
@@ -115,7 +115,7 @@ def test_per_instance_metrics_are_in_the_summary():
 
 
 def test_unknown_router_and_bad_router_options_fail_clearly():
-    from lab.config import ConfigError
+    from lab.experiment.config import ConfigError
 
     with pytest.raises(ConfigError, match="cluster.router: unknown router 'fastest'"):
         parse_experiment({"name": "x", "cluster": {"router": "fastest"}})

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from lab.cli import app
-from lab.config import ConfigError, load_experiment, parse_experiment
+from lab.cli.main import app
+from lab.experiment.config import ConfigError, load_experiment, parse_experiment
 from policies import PolicyError, make_scheduler
 
 REPO = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@ per-request record of every scheduling, preemption and resumption (constant 1-s 
 
 import pytest
 
-from lab.request import RequestStatus
+from lab.core.request import RequestStatus
 from policies.common import pick_victim
 from policies.vllm_v1 import VLLMV1Scheduler
 from tests.conftest import make_engine, req, submit
@@ -137,9 +137,9 @@ def test_vllm_v1_default_victims_are_unchanged():
 
 
 def test_swap_in_an_experiment_uses_the_models_kv_bytes_and_the_gpus_pcie_bandwidth():
-    from lab.config import parse_experiment
-    from lab.report import collect
-    from lab.simulation import simulate
+    from lab.experiment.config import parse_experiment
+    from lab.report.run_report import collect
+    from lab.experiment.simulation import simulate
 
     exp = parse_experiment({
         "name": "swap", "engine": {"num_gpu_blocks": 200, "scheduler_reserve_full_isl": False},

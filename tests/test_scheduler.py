@@ -3,7 +3,7 @@
 Every engine here has a constant step time of 1 s, so step k runs over [k-1, k] and its tokens appear at time k.
 """
 
-from lab.request import RequestStatus
+from lab.core.request import RequestStatus
 from tests.conftest import make_engine, req, submit
 
 

@@ -120,8 +120,8 @@ def test_real_azure_conv_trace_loads_whole():
 
 
 def test_every_trace_request_is_accounted_for_at_a_horizon(tmp_path):
-    from lab.config import parse_experiment
-    from lab.simulation import build_requests, simulate
+    from lab.experiment.config import parse_experiment
+    from lab.experiment.simulation import build_requests, simulate
 
     p = tmp_path / "t.csv"
     p.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,5000\n0.5,100,2\n50,100,2\n")

@@ -3,7 +3,7 @@ from itertools import islice
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.sched_api import EngineView, SchedulerOutput
+from lab.core.sched_api import EngineView, SchedulerOutput
 from policies.common import allocate_or_preempt, allocate_waiting, is_running, lookup
 
 

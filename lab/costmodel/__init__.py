@@ -1,5 +1,5 @@
-"""Cost models: map a batch shape to a step time. See base.py for the interface."""
+"""Cost models: map a batch shape (lab/core/batch.py) to a step time. See base.py for the interface."""
 
-from lab.costmodel.base import BatchShape, CostModel
+from lab.costmodel.base import CostModel, CostModelBase
 
-__all__ = ["BatchShape", "CostModel"]
+__all__ = ["CostModel", "CostModelBase"]

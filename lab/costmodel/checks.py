@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lab.costmodel.base import BatchShape
+from lab.core.batch import BatchShape
 from lab.costmodel.fit import calibrate as fit_all, mape
 from lab.costmodel.hardware import load_hardware
 from lab.costmodel.model_arch import load_model

@@ -21,7 +21,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from lab.costmodel.base import BatchShape
+from lab.core.batch import BatchShape
+from lab.costmodel.base import CostModelBase
 from lab.costmodel.model_arch import ModelArch
 
 _US = 1e-6
@@ -113,7 +114,7 @@ def _label(bins: list[float], labels: list[str], v: float) -> str:
     return labels[-1]
 
 
-class LLMServingSimProfileCostModel:
+class LLMServingSimProfileCostModel(CostModelBase):
     """Cost model over one LLMServingSim profile folder (e.g. ``.../RTX4090/meta-llama/Llama-3.1-8B/bf16/tp1``).
 
     Args:
@@ -226,7 +227,7 @@ class LLMServingSimProfileCostModel:
 
     def _attention_us(self, shape: BatchShape) -> float:
         pc = shape.num_tokens - shape.num_decodes
-        kp = sum(shape.prefill_context)
+        kp = sum(shape.prefill_context) + sum(shape.verify_context)
         nd = shape.num_decodes
         kvd = shape.decode_sum // nd if nd else 0
         t = self.attn.lookup_us(pc, kp, nd, kvd)

@@ -42,7 +42,8 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from lab.costmodel import ops
-from lab.costmodel.base import BatchShape
+from lab.core.batch import BatchShape
+from lab.costmodel.base import CostModelBase
 from lab.costmodel.fit import Curve, CurveSet, gemm_features, mla_module_work
 from lab.costmodel.hardware import Hardware, fit_proxy
 from lab.costmodel.model_arch import ModelArch, dtype_bytes
@@ -80,7 +81,7 @@ class _TokOp:
         self.source, self.kernels = source, kernels
 
 
-class OperatorCostModel:
+class OperatorCostModel(CostModelBase):
     """Per-operator step time of ``model`` on one ``hardware`` GPU with parallelism ``parallel``.
 
     Args:
@@ -412,7 +413,9 @@ class OperatorCostModel:
     def _attention_layer(self, shape: BatchShape) -> tuple[float, float]:
         """(prefill part, decode part) seconds of one layer's attention (with MLA module tables: the module)."""
         pre = dec = 0.0
-        if shape.prefill_new:
+        if shape.verify_new:  # verify queries run in the varlen prefill kernel with the chunks
+            pre = self._prefill(shape.prefill_new + shape.verify_new, shape.prefill_context + shape.verify_context)
+        elif shape.prefill_new:
             pre = self._prefill(shape.prefill_new, shape.prefill_context)
         nd = shape.num_decodes
         if nd:
@@ -520,14 +523,14 @@ class OperatorCostModel:
         Fp = Bp = Fd = Bd = 0.0
         if m.is_mla:
             d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
-            for q, c in zip(shape.prefill_new, shape.prefill_context):
+            for q, c in shape.query_chunks():
                 f, b = ops.attention_prefill(q, c, self.heads, self.heads, d_qk, d_v, self.heads * (d_qk + d_v) * 2.0)
                 Fp, Bp = Fp + f, Bp + b
             if shape.num_decodes:
                 Fd, Bd = ops.mla_decode(shape.num_decodes, shape.decode_sum, self.heads, m.kv_lora_rank,
                                         m.qk_rope_head_dim, self.kv_tok)
             return (Fp, Bp), (Fd, Bd)
-        for q, c in zip(shape.prefill_new, shape.prefill_context):
+        for q, c in shape.query_chunks():
             f, b = ops.attention_prefill(q, c, self.heads, self.kv_heads, m.head_dim, m.head_dim, self.kv_tok)
             Fp, Bp = Fp + f, Bp + b
         if shape.num_decodes:
@@ -614,7 +617,7 @@ class OperatorCostModel:
         (Fp, Bp), (Fd, Bd) = self._attention_work(shape)
         name = "attention" if self.mla_mode != "module-table" else "mla_module"
         n = self.attn_calls
-        if shape.prefill_new:
+        if shape.prefill_new or shape.verify_new:
             rows.append(OpRow(f"{name}_prefill", "attention", n, pre * n, str(self.pre_src), Fp * n, Bp * n))
         if shape.num_decodes:
             rows.append(OpRow(f"{name}_decode", "attention", n, dec * n, str(self.dec_src), Fd * n, Bd * n))

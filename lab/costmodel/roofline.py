@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lab.costmodel.base import BatchShape
+from lab.core.batch import BatchShape
+from lab.costmodel.base import CostModelBase
 from lab.costmodel.hardware import Hardware
 from lab.costmodel.model_arch import ModelArch, dtype_bytes
 
@@ -38,7 +39,7 @@ class Efficiency:
     step_overhead_s: float = 1.0e-3
 
 
-class RooflineCostModel:
+class RooflineCostModel(CostModelBase):
     """Roofline step time for ``model`` on ``hardware`` with tensor parallelism ``tp``.
 
     Args:
@@ -111,13 +112,13 @@ class RooflineCostModel:
         bw = self.hw.memory_bandwidth * e.attention_memory
         fl = self.attn_peak * e.attention_compute
         t = 0.0
-        if shape.prefill_new:
+        if shape.prefill_new or shape.verify_new:
             pairs = 0.0
             kv_tokens = 0
-            for q, c in zip(shape.prefill_new, shape.prefill_context):
+            for q, c in shape.query_chunks():
                 pairs += q * (c + (q + 1) / 2.0)
                 kv_tokens += c + q
-            byts = kv_tokens * self.kv_layer_bytes + 2 * sum(shape.prefill_new) * self.heads * max(m.head_dim, m.v_head_dim) * self.abytes
+            byts = kv_tokens * self.kv_layer_bytes + 2 * shape.num_prefill_tokens * self.heads * max(m.head_dim, m.v_head_dim) * self.abytes
             t += max(pairs * pair_prefill / fl, byts / bw) + e.kernel_launch_s
         if shape.num_decodes:
             ctx = shape.decode_sum + shape.num_decodes

@@ -25,7 +25,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from lab.request import Request
+from lab.core.request import Request
 
 
 class WorkloadError(ValueError):

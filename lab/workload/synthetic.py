@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lab.request import Request
+from lab.core.request import Request
 
 
 @dataclass(frozen=True)

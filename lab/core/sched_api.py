@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from lab.kv_cache import KVCacheManager
-from lab.queues import WaitingQueue
-from lab.request import Request
+from lab.core.kv_cache import KVCacheManager
+from lab.core.queues import WaitingQueue
+from lab.core.request import Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,8 +56,8 @@ class BenchResult:
 
 def worker(experiment: str, data_dir: str | None, overrides: str | None) -> None:
     """Run one workload and print one JSON line of figures (called in a child process)."""
-    from lab.config import load_experiment
-    from lab.simulation import build_requests, simulate
+    from lab.experiment.config import load_experiment
+    from lab.experiment.simulation import build_requests, simulate
 
     t0 = time.perf_counter()
     over = json.loads(overrides) if overrides else None
@@ -90,7 +90,7 @@ def _run_child(args: list[str], cwd: str | None = None) -> tuple[str, float, flo
 
 
 def run_workload(name: str, path: str, data_dir: str | None = None, overrides: dict | None = None) -> BenchResult:
-    args = [sys.executable, "-m", "lab.bench", path]
+    args = [sys.executable, "-m", "lab.report.bench", path]
     if data_dir:
         args += ["--data-dir", data_dir]
     if overrides:

@@ -11,18 +11,18 @@ from typing import Callable
 
 import simpy
 
-from lab.config import Experiment
+from lab.experiment.config import Experiment
 from lab.costmodel.base import CostModel
 from lab.costmodel.hardware import Hardware, load_hardware
 from lab.costmodel.kv_capacity import KVCapacity, derive_num_gpu_blocks
 from lab.costmodel.llmservingsim import LLMServingSimProfileCostModel
 from lab.costmodel.model_arch import ModelArch, load_model
 from lab.costmodel.roofline import Efficiency, RooflineCostModel
-from lab.engine import EngineOptions, Instance, StepLog
-from lab.kv_cache import KVCacheManager
-from lab.samples import WeightedSamples
-from lab.request import Request, RequestStatus
-from lab.sched_api import SchedulerConfig
+from lab.engine.instance import EngineOptions, Instance, StepLog
+from lab.core.kv_cache import KVCacheManager
+from lab.core.samples import WeightedSamples
+from lab.core.request import Request, RequestStatus
+from lab.core.sched_api import SchedulerConfig
 from lab.workload import loaders, synthetic
 from policies import make_router, make_scheduler
 

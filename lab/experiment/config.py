@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from lab.paths import default_data_dir, expand_path
+from lab.experiment.paths import default_data_dir, expand_path
 
 
 class ConfigError(ValueError):

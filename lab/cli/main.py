@@ -31,7 +31,7 @@ def _fail(msg: str) -> None:
 
 
 def _load(path: Path, data_dir: Optional[Path], sets: Optional[list[str]]):
-    from lab.config import ConfigError, load_experiment, parse_set_option
+    from lab.experiment.config import ConfigError, load_experiment, parse_set_option
 
     try:
         return load_experiment(path, data_dir, parse_set_option(sets or []))
@@ -40,7 +40,7 @@ def _load(path: Path, data_dir: Optional[Path], sets: Optional[list[str]]):
 
 
 def _simulate(exp, show_progress: bool = True):
-    from lab.simulation import build_requests, simulate
+    from lab.experiment.simulation import build_requests, simulate
     from lab.workload.loaders import WorkloadError
     from policies import PolicyError
 
@@ -95,7 +95,7 @@ def run(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, data_d
         set_: Optional[list[str]] = SET_OPT, no_plots: bool = typer.Option(False, "--no-plots"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")) -> None:
     """Run an experiment and write its report."""
-    from lab.report import write_report
+    from lab.report.run_report import write_report
 
     exp = _load(experiment, data_dir, set_)
     result = _simulate(exp, not quiet)
@@ -110,7 +110,7 @@ def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, d
              quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
     """Run an experiment and compare it with the measured run it names (validation.measured): latency errors,
     per-request error distributions, queue/KV time series and where the simulated time goes."""
-    from lab.validate import ValidationError, run_validation
+    from lab.report.validate import ValidationError, run_validation
 
     exp = _load(experiment, data_dir, set_)
     if exp.validation is None:
@@ -138,7 +138,7 @@ def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, d
 
 
 def _simulate_with_breakdown(exp, show_progress: bool):
-    from lab.simulation import build_requests, simulate
+    from lab.experiment.simulation import build_requests, simulate
 
     if not show_progress:
         return simulate(exp, build_requests(exp), record_breakdown=True)
@@ -166,8 +166,8 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
           fast_forward: bool = typer.Option(True, "--fast-forward/--no-fast-forward")) -> None:
     """Time the simulator on fixed workloads and print a table (wall time, simulated s per wall s, requests and
     steps per wall s, peak memory), beside Vidur's reference figures or a Vidur run."""
-    from lab.bench import VIDUR_REFERENCE, WORKLOADS, run_vidur, run_workload, vidur_equivalent, vidur_trace_as_csv
-    from lab.paths import PROJECT_ROOT
+    from lab.report.bench import VIDUR_REFERENCE, WORKLOADS, run_vidur, run_workload, vidur_equivalent, vidur_trace_as_csv
+    from lab.experiment.paths import PROJECT_ROOT
 
     names = [w.strip() for w in workloads.split(",") if w.strip()]
     bad = [n for n in names if n not in WORKLOADS]
@@ -233,8 +233,8 @@ def compare(spec: Path = typer.Argument(..., help="comparison YAML file"), out: 
             no_plots: bool = typer.Option(False, "--no-plots"),
             quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
     """Run several policies on several traces (a comparison file) and write one side-by-side report."""
-    from lab.compare import load_comparison, run_comparison
-    from lab.config import ConfigError
+    from lab.report.compare import load_comparison, run_comparison
+    from lab.experiment.config import ConfigError
     from lab.workload.loaders import WorkloadError
     from policies import PolicyError
 
@@ -304,7 +304,7 @@ def policies() -> None:
     console.print("A user policy: policy.scheduler (or cluster.router) = path/to/file.py:ClassName")
 
 
-from lab.cli_costmodel import register as _register_costmodel  # noqa: E402
+from lab.cli.costmodel import register as _register_costmodel  # noqa: E402
 
 _register_costmodel(app)
 

@@ -355,8 +355,8 @@ def run_validation(exp, out_dir: Path, simulate_fn, plots: bool = True) -> dict:
     Raises:
         ValidationError: a measured file is missing or malformed.
     """
-    from lab.metrics import requests_frame
-    from lab.report import steps_frame, write_report
+    from lab.report.metrics import requests_frame
+    from lab.report.run_report import steps_frame, write_report
 
     v = exp.validation
     measured_path = exp.path(v.measured, "validation.measured")

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lab.engine import STEP_COLUMNS
-from lab.metrics import engine_stats, requests_frame, summarize
-from lab.simulation import SimResult
+from lab.engine.instance import STEP_COLUMNS
+from lab.report.metrics import engine_stats, requests_frame, summarize
+from lab.experiment.simulation import SimResult
 
 
 _INT_COLS = ("instance", "scheduled_tokens", "prefill_tokens", "decode_requests", "batch_size", "kv_blocks_used",

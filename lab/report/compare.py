@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from lab.config import ConfigError, _format_errors, deep_merge, parse_experiment, read_yaml
+from lab.experiment.config import ConfigError, _format_errors, deep_merge, parse_experiment, read_yaml
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
 
@@ -121,8 +121,8 @@ def load_comparison(path: str | Path, data_dir: str | Path | None = None,
 
 def _run_one(run: Run, out_dir: str) -> dict:
     """Worker: simulate one run, write its report (no plots), return its summary and latency samples."""
-    from lab.report import write_report
-    from lab.simulation import simulate
+    from lab.report.run_report import write_report
+    from lab.experiment.simulation import simulate
 
     exp = parse_experiment(run.data, run.source, Path(run.base_dir), run.data_dir)
     t0 = time.perf_counter()

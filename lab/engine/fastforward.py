@@ -23,9 +23,9 @@ from itertools import accumulate
 
 import numpy as np
 
-from lab.costmodel.base import BatchShape
-from lab.kv_cache import unique_content
-from lab.request import RequestStatus
+from lab.core.batch import BatchShape
+from lab.core.kv_cache import unique_content
+from lab.core.request import RequestStatus
 
 # Longest jump planned at once (bounds the planning work wasted when an arrival interrupts it).
 MAX_JUMP_STEPS = 4096
@@ -267,7 +267,7 @@ def decode_times(cost, counts, dsum, dmax, dmin, padded, ctx_by_rem: list[int]) 
 
 def step_for(plan: Plan, j: int):
     """The engine's step object for planned schedule ``j`` (scheduled at its planned time)."""
-    from lab.engine import _Step
+    from lab.engine.instance import _Step
 
     idx = [i for i, m in enumerate(plan.rem) if m > j]
     reqs = [plan.reqs[i] for i in idx]

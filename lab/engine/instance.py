@@ -21,13 +21,14 @@ import simpy
 from simpy.core import NORMAL
 from simpy.events import Event
 
-from lab import fastforward as ff
-from lab.costmodel.base import BatchShape, CostModel
-from lab.kv_cache import KVCacheManager
-from lab.queues import make_queue
-from lab.request import Request, RequestStatus
-from lab.samples import WeightedSamples
-from lab.sched_api import Scheduler, SchedulerConfig
+from lab.engine import fastforward as ff
+from lab.core.batch import BatchShape
+from lab.costmodel.base import CostModel
+from lab.core.kv_cache import KVCacheManager
+from lab.core.queues import make_queue
+from lab.core.request import Request, RequestStatus
+from lab.core.samples import WeightedSamples
+from lab.core.sched_api import Scheduler, SchedulerConfig
 
 STEP_COLUMNS = (
     "instance", "start", "duration", "scheduled_tokens", "prefill_tokens", "decode_requests", "batch_size",
@@ -52,7 +53,7 @@ class EngineOptions:
             next size (full graphs for pure decodes, piecewise graphs for mixed steps; larger steps run unpadded).
             Empty = no padding (eager mode).
         record_breakdown: also record each step's cost breakdown (slower; used by ``servelab validate``).
-        fast_forward: advance stretches of identical decode steps in one jump (lab/fastforward.py); exact.
+        fast_forward: advance stretches of identical decode steps in one jump (lab/engine/fastforward.py); exact.
     """
 
     async_scheduling: bool = False
@@ -217,7 +218,7 @@ class Instance:
         # A scheduler may own its waiting-queue order (e.g. shortest job first) through make_queue(config).
         own_queue = getattr(scheduler, "make_queue", None)
         self.waiting = own_queue(config) if own_queue is not None else make_queue(config.queue_policy)
-        # a queue whose order changes with time alone says until when it is stable (lab/queues.py WaitingQueue)
+        # a queue whose order changes with time alone says until when it is stable (lab/core/queues.py WaitingQueue)
         self._order_stable_until = getattr(self.waiting, "order_stable_until", None)
         self.itl = itl_samples
         self.on_done = on_done

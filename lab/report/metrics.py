@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from lab.request import Request, RequestStatus
+from lab.core.request import Request, RequestStatus
 
 REQUEST_COLUMNS = [
     "request_id", "instance", "priority", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",

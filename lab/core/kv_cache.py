@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from lab.request import Request
+from lab.core.request import Request
 
 
 def unique_content(request: Request) -> bool:

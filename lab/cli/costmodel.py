@@ -1,6 +1,6 @@
 """Cost-model commands of the ``servelab`` CLI: ``calibrate``, ``profile``, ``cost`` and ``costcheck``.
 
-Registered on the main typer app by :func:`register` (lab/cli.py).
+Registered on the main typer app by :func:`register` (lab/cli/main.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def calibrate(paths: list[Path] = typer.Argument(..., help="profile folders or f
     servelab profile folders) and write a coefficients file and a held-out accuracy report."""
     from lab.costmodel.calibrate import run_calibration
     from lab.costmodel.profiles import ProfileError
-    from lab.paths import default_data_dir
+    from lab.experiment.paths import default_data_dir
 
     if out is None and report is None:
         _fail("give --out FILE (coefficients) and/or --report DIR (held-out accuracy)")
@@ -109,7 +109,7 @@ def cost(experiment: Optional[Path] = typer.Argument(None, help="experiment YAML
          data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
          as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
     """Print the step time of one batch shape, operator by operator, with each operator's source."""
-    from lab.costmodel.base import BatchShape
+    from lab.core.batch import BatchShape
 
     qs, cs = _parse_prefill(prefill or [])
     dec = _parse_decode(decode or [])
@@ -127,7 +127,7 @@ def cost(experiment: Optional[Path] = typer.Argument(None, help="experiment YAML
     else:
         rows = [{"op": k, "group": "", "calls": 1, "time_s": v, "source": cm.name, "flops": float("nan"),
                  "bytes": float("nan")} for k, v in cm.breakdown(shape).items()]
-    from lab.paths import default_data_dir
+    from lab.experiment.paths import default_data_dir
 
     dd = str((data_dir or default_data_dir()).resolve())
     for r in rows:
@@ -150,13 +150,13 @@ def cost(experiment: Optional[Path] = typer.Argument(None, help="experiment YAML
 
 
 def _cost_model(experiment, model, hf_config, gpu, tp, pp, ep, dp, dtype, kv_dtype, tables, coefficients, data_dir):
-    from lab.config import ConfigError, load_experiment
+    from lab.experiment.config import ConfigError, load_experiment
     from lab.costmodel.hardware import load_hardware
     from lab.costmodel.model_arch import load_model
     from lab.costmodel.operator import OperatorCostModel, load_curves
     from lab.costmodel.parallel import Parallelism
     from lab.costmodel.tables import TableSet, load_tables
-    from lab.simulation import build_cost_model
+    from lab.experiment.simulation import build_cost_model
 
     if experiment is not None:
         try:
@@ -207,7 +207,7 @@ def costcheck(what: str = typer.Argument("all", help="cross-source, splitwise or
     """Accuracy checks of the operator cost model against shared measurements: the same Llama-3.1-8B/H100 step
     from AIConfigurator, Vidur and LLMServingSim data, and Splitwise's end-to-end Llama-2-70B prefill/decode."""
     from lab.costmodel import checks
-    from lab.paths import default_data_dir
+    from lab.experiment.paths import default_data_dir
 
     dd = data_dir or default_data_dir()
     if what not in ("cross-source", "splitwise", "all"):

@@ -11,7 +11,7 @@ import heapq
 from collections import deque
 from typing import Iterable, Iterator, Protocol
 
-from lab.request import Request
+from lab.core.request import Request
 
 
 class WaitingQueue(Protocol):
@@ -19,7 +19,7 @@ class WaitingQueue(Protocol):
 
     A queue whose order can change with time alone (no arrival, no pop) must also offer
     ``order_stable_until() -> float``: the earliest time at which its head may differ from the head the scheduler
-    last saw (``inf`` if never). The decode fast-forward ends a jump before it (lab/fastforward.py); without the
+    last saw (``inf`` if never). The decode fast-forward ends a jump before it (lab/engine/fastforward.py); without the
     method the order is taken to be fixed between arrivals and scheduler calls, as FCFS and priority order are.
     """
 
