@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from lab.core.sched_api import Router, Scheduler
+from lab.core.sched_api import Router, Scheduler, SchedulerBase
 from policies.orca import OrcaScheduler
 from policies.routers import (LeastRequestsRouter, LeastTokensRouter, PowerOfTwoRouter, PrefixAwareRouter,
                               RoundRobinRouter, SessionAffinityRouter)
@@ -171,6 +171,10 @@ def _instantiate(cls: type, spec: str, options: dict | None, seed: int | None, f
         raise PolicyError(f"{field}: {spec}() failed: {type(e).__name__}: {e}") from e
     if not callable(getattr(obj, method, None)):
         raise PolicyError(f"{field}: {spec} has no {method}(...) method")
+    if method == "schedule" and not isinstance(obj, SchedulerBase):
+        raise PolicyError(f"{field}: {spec} must subclass lab.core.sched_api.SchedulerBase (it declares the "
+                          "capabilities the engine reads: supports_async, supports_fast_forward, "
+                          "supports_pipelining, make_queue)")
     return obj
 
 

@@ -20,12 +20,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.core.sched_api import EngineView, SchedulerOutput
+from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
 from policies.common import admit_whole_prompts, allocate_or_preempt, is_running, resolve_victim_rule
 
 
-class OrcaScheduler:
+class OrcaScheduler(SchedulerBase):
     """Orca iteration-level batching: whole prefills, KV reserved for the whole sequence at admission."""
+
+    def max_step_tokens(self, config: SchedulerConfig) -> int | None:
+        """No engine-side cap: Orca has no token budget (a prompt longer than ``max_tokens_per_step`` runs alone)."""
+        return None
 
     name = "orca"
 

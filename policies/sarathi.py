@@ -20,12 +20,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.core.sched_api import EngineView, SchedulerOutput
+from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
 from policies.common import allocate_or_preempt, is_running, lookup, resolve_victim_rule
 
 
-class SarathiScheduler:
+class SarathiScheduler(SchedulerBase):
     """Sarathi-Serve stall-free batching: decodes first, then prefill chunks up to a fixed token budget."""
+
+    def max_step_tokens(self, config: SchedulerConfig) -> int | None:
+        """No engine-side cap: decodes are never skipped for lack of budget, so a step can pass ``chunk_size``."""
+        return None
 
     name = "sarathi"
 

@@ -35,17 +35,17 @@ keep their generated tokens' blocks cached too (SGLang keeps only the prompt in 
 from __future__ import annotations
 
 import heapq
-from typing import Iterable, Iterator, Literal
+from typing import Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.core.queues import make_queue
+from lab.core.queues import FixedOrder, make_queue
 from lab.core.request import Request
-from lab.core.sched_api import EngineView, SchedulerConfig, SchedulerOutput
+from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
 from policies.common import is_running, lookup, pick_victim
 
 
-class LongestOutputFirstQueue:
+class LongestOutputFirstQueue(FixedOrder):
     """Waiting queue ordered by ``max_tokens`` descending (SGLang ``lof``), then priority when the priority
     policy is on, then arrival; a requeued request is simply pushed again. Implements ``WaitingQueue``."""
 
@@ -61,10 +61,6 @@ class LongestOutputFirstQueue:
         heapq.heappush(self._h, (self._key(request), request))
 
     prepend = add
-
-    def prepend_all(self, requests: Iterable[Request]) -> None:
-        for r in requests:
-            self.add(r)
 
     def peek(self) -> Request:
         return self._h[0][1]
@@ -128,8 +124,12 @@ def dfs_weight_order(requests: list[Request], matched_blocks: list[int]) -> list
     return order
 
 
-class SGLangScheduler:
+class SGLangScheduler(SchedulerBase):
     """SGLang: prefill-first steps, one chunked request, PrefillAdder with new_token_ratio, retraction."""
+
+    def max_step_tokens(self, config: SchedulerConfig) -> int | None:
+        """No engine-side cap: SGLang budgets prefills with its own ``max_prefill_tokens`` / ``chunked_prefill_size``; decodes always run."""
+        return None
 
     name = "sglang"
 
@@ -247,11 +247,10 @@ class SGLangScheduler:
                 if not truncated:
                     self.chunked_req = None
 
-        admitted = 0
         if waiting and rem_input > 0 and (rem_chunk is None or rem_chunk > 0):
             for r in self._candidates(engine):
-                if running_bs + admitted >= cfg.max_num_seqs:
-                    self.batch_is_full = True
+                if len(engine.running) >= cfg.max_num_seqs:  # the chunked request holds a slot too (SGLang
+                    self.batch_is_full = True                    # counts it in PrefillAdder.can_run_list)
                     break
                 hits, num_hit = lookup(engine, r)
                 extend = r.num_tokens - num_hit
@@ -283,7 +282,6 @@ class SGLangScheduler:
                 if becomes_chunked:
                     self.chunked_req = r
                     break
-                admitted += 1
                 if rem_total <= 0:
                     self.batch_is_full = True
                     break

@@ -106,10 +106,6 @@ class SJFQueue:
         self._live[id(request)] = -1
         self._front.appendleft(request)
 
-    def prepend_all(self, requests: Iterable[Request]) -> None:
-        for r in reversed(list(requests)):
-            self.prepend(r)
-
     def _clean(self) -> None:
         live = self._live
         h = self._heap

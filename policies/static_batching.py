@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.core.sched_api import EngineView, SchedulerOutput
+from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
 from policies.common import admit_whole_prompts
 
 
-class StaticBatchingScheduler:
+class StaticBatchingScheduler(SchedulerBase):
     """Static batching (FasterTransformer): admit a batch only when the previous one has drained."""
+
+    def max_step_tokens(self, config: SchedulerConfig) -> int | None:
+        """No engine-side cap: a static batch holds whole prompts, whatever their length."""
+        return None
 
     name = "static"
 

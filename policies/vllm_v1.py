@@ -12,13 +12,13 @@ first; the first allocation failure stops it (head-of-line blocking; a waiting r
 from __future__ import annotations
 
 from lab.core.request import RequestStatus
-from lab.core.sched_api import EngineView, SchedulerOutput
+from lab.core.sched_api import EngineView, SchedulerBase, SchedulerOutput
 from policies.common import allocate_or_preempt, lookup, resolve_victim_rule
 
 _RUNNING = RequestStatus.RUNNING
 
 
-class VLLMV1Scheduler:
+class VLLMV1Scheduler(SchedulerBase):
     """vLLM V1 FCFS / priority scheduling with chunked prefill and recompute (or swap) preemption.
 
     The queue order (``fcfs`` or ``priority``) comes from ``engine.config.queue_policy``. No options. Under async
@@ -29,6 +29,7 @@ class VLLMV1Scheduler:
     name = "vllm_v1"
     supports_async = True
     supports_fast_forward = True  # stateless between steps: a steady decode batch stays steady
+    supports_pipelining = True  # a request whose step is in flight has n <= 0 (sync) or waits its eligible step
 
     def schedule(self, engine: EngineView) -> SchedulerOutput:
         cfg = engine.config
@@ -51,6 +52,8 @@ class VLLMV1Scheduler:
         out_reqs = out.requests
         out_news = out.num_new_tokens
         rule = None
+        gate = engine.pipeline_async  # async PP (V2 runner): a decode waits for its eligible scheduler step
+        step_index = engine.num_scheduler_steps
         for r in list(engine.running):
             if budget <= 0:
                 break
@@ -58,7 +61,9 @@ class VLLMV1Scheduler:
                 continue  # preempted earlier in this step
             p = r.num_output_placeholders
             c = r.num_computed_tokens
-            if p and c + 2 - p >= r.prompt_len + r.max_tokens:
+            if gate and r.next_decode_eligible_step > step_index:
+                continue
+            if p and c + 2 - p >= r.prompt_len + r.stop_at:
                 continue  # async: the step in flight samples its last token; do not schedule past it
             n = r.prompt_len + r.num_output_tokens + p - c
             if 0 < threshold < n:

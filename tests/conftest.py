@@ -8,6 +8,7 @@ import pytest
 import simpy
 
 from lab.core.batch import BatchShape
+from lab.costmodel.base import CostModelBase
 from lab.engine.instance import EngineOptions, Instance
 from lab.core.kv_cache import KVCacheManager
 from lab.experiment.paths import default_data_dir
@@ -25,7 +26,7 @@ def needs_data(*parts: str):
     return pytest.mark.skipif(not path.exists(), reason=f"shared data not found: {path}")
 
 
-class ConstantCost:
+class ConstantCost(CostModelBase):
     """Every step takes ``dt`` seconds; records the shapes it saw."""
 
     name = "constant"
@@ -43,13 +44,14 @@ class ConstantCost:
 
 
 def make_engine(num_gpu_blocks: int = 64, block_size: int = 4, dt: float = 1.0, scheduler=None,
-                record_events: bool = True, prefix_caching: bool = True, fast_forward: bool = False, **cfg) -> tuple[simpy.Environment, Instance, ConstantCost]:
+                record_events: bool = True, prefix_caching: bool = True, fast_forward: bool = False,
+                options: EngineOptions | None = None, **cfg) -> tuple[simpy.Environment, Instance, ConstantCost]:
     env = simpy.Environment()
     config = SchedulerConfig(**{"max_num_batched_tokens": 16, "max_num_seqs": 8, "max_model_len": 1024, **cfg})
     kv = KVCacheManager(num_gpu_blocks, block_size, config.max_model_len, enable_prefix_caching=prefix_caching)
     cost = ConstantCost(dt)
     inst = Instance(env, 0, config, scheduler or VLLMV1Scheduler(), kv, cost, WeightedSamples(),
-                    record_events=record_events, options=EngineOptions(fast_forward=fast_forward))
+                    record_events=record_events, options=options or EngineOptions(fast_forward=fast_forward))
     return env, inst, cost
 
 

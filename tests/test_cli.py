@@ -93,14 +93,14 @@ def test_cluster_of_instances_round_robin(tmp_path):
 
 
 def test_spilled_step_log_gives_the_same_outputs(tmp_path, monkeypatch):
-    import lab.engine.instance
+    import lab.core.step_log
     import lab.report.run_report
 
     monkeypatch.setattr(lab.report.run_report, "STREAM_STEPS_ABOVE", 100)  # force the streaming report path
     outs = {}
     for mode in ("memory", "spill"):
         if mode == "spill":
-            monkeypatch.setattr(lab.engine.instance.StepLog.__init__, "__defaults__", (None, 64))  # tiny chunks
+            monkeypatch.setattr(lab.core.step_log.StepLog.__init__, "__defaults__", (0, 1, None, 64, 1))  # tiny chunks
         out = tmp_path / mode
         res = runner.invoke(app, ["run", str(REPO / "experiments" / "demo.yaml"), "--out", str(out), "-q",
                                   "--set", "workload.num_requests=60", "--set", f"simulation.step_log={mode}",

@@ -5,7 +5,7 @@ import pytest
 from lab.core.batch import BatchShape
 from lab.costmodel.hardware import load_hardware
 from lab.costmodel.kv_capacity import bytes_per_block, derive_num_gpu_blocks
-from lab.costmodel.llmservingsim import LLMServingSimProfileCostModel
+from lab.costmodel.llmservingsim import LLMServingSimProfileCostModel, _interp
 from lab.costmodel.model_arch import load_model
 from lab.costmodel.roofline import RooflineCostModel
 from tests.conftest import DATA_DIR, needs_data
@@ -89,7 +89,6 @@ def test_profile_model_reproduces_grid_points_and_interpolates_linearly():
     assert mid == pytest.approx((181.391 + 325.006) / 2)
     # dense qkv_proj at 16 tokens is 56.4653 us; at 18 tokens halfway to the 20-token point (60.551)
     xs, ys = cm.dense["qkv_proj"]
-    from lab.costmodel.llmservingsim import _interp
     assert _interp(xs, ys, 18) == pytest.approx((56.4653 + 60.551) / 2)
     t = cm.step_time(BatchShape.from_requests([1] * 32, [1024] * 32))
     assert 0.015 < t < 0.05  # an 8B decode step on a 4090: ~20-30 ms

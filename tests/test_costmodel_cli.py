@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from lab.cli.main import app
 from lab.experiment.config import ConfigError, load_experiment, parse_experiment
-from lab.costmodel.fit import work
+from lab.costmodel.features import work
 from lab.costmodel.hardware import load_hardware
 from lab.costmodel.operator import load_curves
 from lab.costmodel.profiles import Observations, read_profiles, write_servelab

@@ -10,14 +10,16 @@ import pytest
 
 from lab.costmodel import ops
 from lab.core.batch import BatchShape
-from lab.costmodel.fit import TILE_FEATURES, CurveSet, drop_impossible, fit_curve, gemm_features, mape, work
+from lab.costmodel.families import drop_impossible
+from lab.costmodel.features import gemm_features, work
+from lab.costmodel.fit import TILE_FEATURES, CurveSet, fit_curve, mape
 from lab.costmodel.hardware import load_hardware
 from lab.costmodel.model_arch import load_model
 from lab.costmodel.operator import OperatorCostModel, load_curves
 from lab.costmodel.parallel import Parallelism
 from lab.costmodel.profiles import Observations, read_profiles, write_servelab
 from lab.costmodel.roofline import Efficiency
-from lab.costmodel.tables import Curve1D, TableSet
+from lab.costmodel.tables import Curve1D, TableSet, load_tables
 from tests.conftest import DATA_DIR, needs_data
 
 H100 = "H100-SXM5-80GB"
@@ -202,8 +204,6 @@ def test_drop_impossible_removes_tables_faster_than_the_roofline():
 
 @needs_data(*AIC_H100)
 def test_aiconfigurator_tables_reproduce_grid_points_and_mla_moe_are_covered():
-    from lab.costmodel.tables import load_tables
-
     obs = load_tables([DATA_DIR.joinpath(*AIC_H100)])
     ts = TableSet(obs, H100)
     f, src = ts.gemm("bf16", 4096, 4096)
@@ -226,3 +226,57 @@ def test_mtp_module_costs_about_one_moe_layer():
     per_layer = (ds.step_time(shape) - ds.eff.step_overhead_s) / ds.L
     assert 0.8 * per_layer < ds.mtp_time(shape) < 3 * per_layer
     assert llama().mtp_time(shape) == 0.0
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize("eager", [False, True])
+def test_stage_times_place_each_operator_on_its_stage_and_sum_to_the_step(pp, eager):
+    m = load_model("Llama-3.1-8B")  # 32 layers: equal stages
+    cm = OperatorCostModel(m, load_hardware(H100), Parallelism(tp=2, pp=pp), curves=load_curves(),
+                           enforce_eager=eager)
+    stages = Parallelism(pp=pp).stage_layers(m.num_layers)
+    for shape in (BatchShape.from_requests([1] * 32, [1000] * 32),
+                  BatchShape.from_requests([512, 1, 1, 1], [0, 300, 5000, 20]),
+                  BatchShape.from_requests([2048], [0])):
+        st = cm.stage_times(shape, stages)
+        assert len(st) == pp and all(t > 0 for t in st)
+        assert sum(st) == pytest.approx(cm.step_time(shape), rel=1e-12)
+        if eager:
+            continue
+        rows = {r.op: r.time_s for r in cm.explain(shape)}
+        send = rows["pp_sendrecv"] / (pp - 1)  # one call per boundary, on the sending stage
+        head = rows["final_norm"] + rows["lm_head"] + rows["logits_gather"] + rows["sampler"]
+        per_stage = (sum(rows.values()) - rows["embedding"] - head - rows["pp_sendrecv"] - rows["overhead"]) / pp
+        assert st[0] == pytest.approx(per_stage + rows["embedding"] + send + rows["overhead"], rel=1e-12)
+        assert st[-1] == pytest.approx(per_stage + head, rel=1e-12)
+        for t in st[1:-1]:
+            assert t == pytest.approx(per_stage + send, rel=1e-12)
+
+
+def test_stage_times_put_the_first_dense_layers_on_the_first_stage():
+    ds = load_model("DeepSeek-V3")  # 61 layers, the first 3 with a dense MLP
+    cm = OperatorCostModel(ds, load_hardware("H200"), Parallelism(tp=8, pp=4), weight_dtype="fp8",
+                           curves=load_curves())
+    stages = Parallelism(pp=4).stage_layers(ds.num_layers)  # [16, 15, 15, 15]
+    shape = BatchShape.from_requests([1] * 64, [2000] * 64)
+    st = cm.stage_times(shape, stages)
+    assert sum(st) == pytest.approx(cm.step_time(shape), rel=1e-12)
+    assert st[1] == st[2]  # 15 MoE layers each, one send
+    b = cm.breakdown(shape)
+    dense = b["gate_up_proj"] + b["act"] + b["down_proj"]  # all on stage 0, with 13 of the 58 MoE layers
+    moe = sum(v for k, v in b.items() if k in ("router", "moe_experts", "shared_gate_up", "shared_act", "shared_down"))
+    layer = sum(v for k, v in b.items() if k in ("norms", "qkv_a_proj", "q_b_proj", "q_kv_a_norms", "o_proj", "rope",
+                                                 "attention_prefill", "attention_decode")) / ds.num_layers
+    ar = b["allreduce"] / (ds.num_layers + 3 + 58)
+    expect0 = dense + moe * 13 / 58 + 16 * layer + (16 + 16) * ar + b["embedding"] + b["pp_sendrecv"] / 3 + b["overhead"]
+    assert st[0] == pytest.approx(expect0, rel=1e-9)
+
+
+def test_stage_times_reject_a_split_of_other_layers_or_stages():
+    cm = OperatorCostModel(load_model("Llama-3.1-8B"), load_hardware(H100), Parallelism(pp=2), curves=CurveSet())
+    shape = BatchShape.from_requests([1] * 4, [100] * 4)
+    assert cm.stage_times(shape, [32]) == [cm.step_time(shape)]
+    assert cm.stage_times(BatchShape(), [16, 16]) == [cm.eff.step_overhead_s, 0.0]
+    for bad in ([10, 10], [8, 8, 8, 8]):
+        with pytest.raises(ValueError, match="stage layers"):
+            cm.stage_times(shape, bad)

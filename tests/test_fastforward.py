@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 import policies
 from lab.experiment.config import parse_experiment
 from lab.core.batch import BatchShape
+from lab.costmodel.base import CostModelBase
 from lab.report.metrics import requests_frame
 from lab.report.run_report import steps_frame
 from lab.core.request import Request
@@ -117,7 +118,7 @@ def test_fast_forward_actually_jumps_and_counts():
     assert sum(i.jumped_steps for i in res.instances) > 300
 
 
-class NoVectorCost:
+class NoVectorCost(CostModelBase):
     """A cost model without decode_step_times: the fast-forward falls back to per-step step_time calls."""
 
     name = "plain"

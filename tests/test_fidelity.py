@@ -17,10 +17,7 @@ from tests.conftest import make_engine, req, submit
 
 def engine(**kw):
     opts = {k: kw.pop(k) for k in list(kw) if k in EngineOptions.__dataclass_fields__}
-    env, inst, cost = make_engine(**kw)
-    inst.options = EngineOptions(**{"fast_forward": False, **opts})
-    inst.async_scheduling = inst.options.async_scheduling
-    return env, inst, cost
+    return make_engine(options=EngineOptions(**{"fast_forward": False, **opts}), **kw)
 
 
 def test_async_scheduling_keeps_decodes_back_to_back_and_never_schedules_past_the_last_token():

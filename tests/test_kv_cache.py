@@ -177,3 +177,18 @@ def test_a_preempted_request_without_identity_hits_its_own_blocks_until_they_are
     assert kv.get_computed_blocks(a)[1] == 0
     d = Request(3, 0.0, 18, 5)
     assert kv.get_computed_blocks(d)[1] == 0  # nobody else ever hits them
+
+
+def test_handing_out_a_block_forgets_its_hash_and_keeps_other_blocks_with_the_same_hash():
+    pool = BlockPool(6)
+    a, b, c = pool.get_new_blocks(3)
+    pool.cache_block(a, 7)
+    pool.cache_block(b, 7)  # same content computed twice: both blocks are mapped under 7
+    pool.cache_block(c, 8)
+    pool.free_blocks([c, a, b])  # free queue: 4, 5, c, a, b
+    assert [x.block_id for x in pool.get_new_blocks(2)] == [4, 5]
+    assert pool.get_new_block() is c and c.block_hash is None and not c.in_map and 8 not in pool.cached
+    pool.touch([b])  # a prefix hit takes b out of the middle of the queue: a stale entry is left behind
+    assert pool.get_new_blocks(1) == [a] and a.block_hash is None
+    assert pool.cached[7] is b and pool.lookup(7) is b  # back to a plain entry with the one block left
+    assert pool.free_queue.stale == 1 and pool.num_free_blocks == 0

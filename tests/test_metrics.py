@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lab.report.metrics import describe, requests_frame, summarize
+from lab.report.metrics import describe, latency_samples, request_latencies, requests_frame, summarize
 from tests.conftest import make_engine, req, submit
 
 
@@ -34,6 +34,22 @@ def test_per_request_metrics():
     assert df.loc["2", "ttft"] == pytest.approx(0.15)
     assert np.isnan(df.loc["2", "tpot"])  # one output token: TPOT undefined
     assert (df["status"] == "finished").all()
+
+
+def test_latency_samples_are_the_requests_table_values_of_finished_requests():
+    rs, inst = tiny_run()
+    df = requests_frame(rs)
+    lat = latency_samples(rs)
+    assert lat["ttft"].tolist() == df["ttft"].tolist() and lat["e2el"].tolist() == df["e2el"].tolist()
+    assert lat["tpot"].tolist() == df["tpot"].dropna().tolist()  # c (one output token) has no TPOT
+    assert request_latencies(rs[0]) == (df["ttft"][0], df["tpot"][0], df["e2el"][0])
+    env, inst, cost = make_engine(dt=0.1)
+    late = [req(0, 4, 50), req(1, 4, 2)]
+    submit(env, inst, late)
+    env.run(until=1.0)
+    assert len(latency_samples(late)["e2el"]) == 1  # the unfinished request is left out
+    ttft, tpot, e2el = request_latencies(late[0])
+    assert ttft == pytest.approx(0.1) and np.isnan(tpot) and np.isnan(e2el)
 
 
 def test_itl_pools_every_gap_between_outputs():

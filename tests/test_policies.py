@@ -14,6 +14,7 @@ from policies.sjf import LengthPredictor, SJFQueue, SJFScheduler
 from policies.static_batching import StaticBatchingScheduler
 from policies.vllm_v1 import VLLMV1Scheduler
 from tests.conftest import make_engine, req, submit
+from lab.core.sched_api import SchedulerBase
 
 
 def run(scheduler, reqs, until=None, **cfg):
@@ -41,12 +42,15 @@ def test_sarathi_decodes_every_step_while_a_long_prompt_is_chunked_into_the_toke
     assert a.finish_time - a.first_token_time == a.max_tokens - 1
 
 
-class Recorder:
+class Recorder(SchedulerBase):
     """Wraps a scheduler; per step records the requests that were decoding when it was called and what it ran."""
 
     def __init__(self, inner):
         self.inner = inner
         self.steps = []
+
+    def make_queue(self, config):
+        return self.inner.make_queue(config)
 
     def schedule(self, engine):
         decoding = [r for r in engine.running if r.num_output_tokens > 0 and r.num_tokens - r.num_computed_tokens == 1]

@@ -64,6 +64,7 @@ def test_policy_shorthand_and_relative_path(tmp_path):
     ("class X:\n    def __init__(self):\n        raise ValueError('bad init')\n    def schedule(self, e):\n        pass\n",
      "X", r"bad\.py:X\(\) failed: ValueError: bad init"),
     ("X = 3\n", "X", r"bad\.py:X is not a class"),
+    ("class X:\n    def schedule(self, e):\n        pass\n", "X", r"bad\.py:X must subclass lab\.core\.sched_api\.SchedulerBase"),
 ])
 def test_a_broken_user_policy_fails_with_a_clear_error(tmp_path, source, cls, message):
     (tmp_path / "bad.py").write_text(source)

@@ -32,7 +32,7 @@ def test_swap_preemption_costs_the_pcie_time_both_ways_and_never_recomputes():
     assert inst.steps.cols["duration"][1] == pytest.approx(1.011)
     assert inst.steps.cols["transfer_s"][1] == pytest.approx(0.011)
     assert c.status == RequestStatus.PREEMPTED and c.num_computed_tokens == 11 and c.swapped_tokens == 11
-    assert c.blocks == [] and inst.swap_used_tokens == 11
+    assert c.blocks == [] and inst.swap.used_tokens == 11
     env.run()
     assert all(r.status == RequestStatus.FINISHED and r.num_output_tokens == 10 for r in (a, b, c))
     # nothing is ever recomputed: after the first step every scheduled request gets exactly one token
@@ -42,7 +42,7 @@ def test_swap_preemption_costs_the_pcie_time_both_ways_and_never_recomputes():
     # every swap-out has its swap-in: the host link carried each swapped token twice
     swapped = sum(int(e[2].split()[1]) for r in (a, b, c) for e in r.events if e[1] == "preempted")
     assert sum(inst.steps.cols["transfer_s"]) == pytest.approx(2 * swapped * 1e-3)
-    assert inst.swap_used_tokens == 0
+    assert inst.swap.used_tokens == 0
 
 
 def test_recompute_preemption_drops_the_kv_and_recomputes_prompt_and_outputs():

@@ -3,11 +3,11 @@ from itertools import islice
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.core.sched_api import EngineView, SchedulerOutput
+from lab.core.sched_api import EngineView, SchedulerBase, SchedulerOutput
 from policies.common import allocate_or_preempt, allocate_waiting, is_running, lookup
 
 
-class ShortestPromptFirst:
+class ShortestPromptFirst(SchedulerBase):
     """Serve running requests first, then admit waiting requests shortest prompt first (chunked)."""
 
     class Options(BaseModel):  # policy.options; unknown keys are errors

@@ -127,7 +127,7 @@ class BlockPool:
 
     def usage(self) -> float:
         """vLLM's ``kv_cache_usage``: 1 - free / (num_blocks - 1); cached free blocks count as free."""
-        return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
+        return 1.0 - len(self.free_queue) / self.num_usable_blocks
 
     def lookup(self, block_hash: int) -> Block | None:
         """Return a cached block holding this hash, or None."""
@@ -145,33 +145,18 @@ class BlockPool:
         fq = self.free_queue
         if n > fq.n:
             raise RuntimeError(f"asked for {n} KV blocks with only {fq.n} free")
-        pop = fq._q.popleft
-        cached = self.cached
         if fq.stale:
-            out = []
-            while len(out) < n:
-                s, block = pop()
-                if block.free_seq != s:
-                    fq.stale -= 1  # an entry left behind by a block taken out of the queue (a prefix hit)
-                    continue
-                out.append(block)
+            popleft = fq.popleft  # skips the entries left behind by blocks taken out of the queue (prefix hits)
+            out = [popleft() for _ in range(n)]
         else:
+            pop = fq._q.popleft
             out = [pop()[1] for _ in range(n)]
+            fq.n -= n
+        evict = self._evict_hash
         for block in out:
             block.ref_cnt = 1
             if block.block_hash is not None:
-                if block.in_map:
-                    h = block.block_hash
-                    entry = cached[h]
-                    if entry is block:
-                        del cached[h]
-                    else:
-                        del entry[block.block_id]
-                        if len(entry) == 1:
-                            cached[h] = next(iter(entry.values()))
-                    block.in_map = False
-                block.block_hash = None
-        fq.n -= n
+                evict(block)
         return out
 
     def get_new_block(self) -> Block:
@@ -183,18 +168,24 @@ class BlockPool:
         fq.n -= 1
         block.ref_cnt = 1
         if block.block_hash is not None:
-            if block.in_map:
-                h = block.block_hash
-                entry = self.cached[h]
-                if entry is block:
-                    del self.cached[h]
-                else:
-                    del entry[block.block_id]
-                    if len(entry) == 1:
-                        self.cached[h] = next(iter(entry.values()))
-                block.in_map = False
-            block.block_hash = None
+            self._evict_hash(block)
         return block
+
+    def _evict_hash(self, block: Block) -> None:
+        """Forget a block's content as it is handed out again: clear its hash and, if mapped, drop it from the
+        lookup map (a hash held by several blocks keeps the others, back to a plain entry when one is left)."""
+        if block.in_map:
+            h = block.block_hash
+            cached = self.cached
+            entry = cached[h]
+            if entry is block:
+                del cached[h]
+            else:
+                del entry[block.block_id]
+                if len(entry) == 1:
+                    cached[h] = next(iter(entry.values()))
+            block.in_map = False
+        block.block_hash = None
 
     def touch(self, blocks: list[Block]) -> None:
         """Take a reference on prefix-hit blocks, removing free ones from the free queue."""
@@ -303,14 +294,11 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
+        """Free blocks, evictable cached ones included (:attr:`BlockPool.num_free_blocks`)."""
         return len(self.pool.free_queue)
 
-    @property
-    def num_used_blocks(self) -> int:
-        """Blocks held by requests (excludes free and evictable cached blocks and the null block)."""
-        return self.pool.num_gpu_blocks - 1 - len(self.pool.free_queue)
-
     def usage(self) -> float:
+        """KV cache usage in [0, 1] (:meth:`BlockPool.usage`)."""
         return self.pool.usage()
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -380,53 +368,44 @@ class KVCacheManager:
         """
         pool = self.pool
         bs = self.block_size
+        blocks = request.blocks
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        total = num_computed + num_new_tokens + num_lookahead_tokens
+        if total > self.max_model_len:
+            total = self.max_model_len
+        held = len(blocks) + len(new_computed_blocks) if new_computed_blocks else len(blocks)
+        need = -(-total // bs) - held
         if not new_computed_blocks and not num_new_computed_tokens and not full_sequence_must_fit:
             # fast path for a running request (no prefix hits, no admission gate)
-            c = request.num_computed_tokens
-            total = c + num_new_tokens + num_lookahead_tokens
-            if total > self.max_model_len:
-                total = self.max_model_len
-            blocks = request.blocks
-            need = -(-total // bs) - len(blocks)
             if need > 0:
                 if need > len(pool.free_queue) - reserved_blocks:
                     return False
                 blocks.extend(pool.get_new_blocks(need))
-            if self.enable_prefix_caching:
-                end = c + num_new_tokens
-                ntok = request.prompt_len + request.num_output_tokens
-                num_full = (end if end < ntok else ntok) // bs
-                if num_full > request.num_cached_blocks:
-                    self._register(request, num_full)
-            return True
-        hits = new_computed_blocks or ()
-        num_computed = request.num_computed_tokens + num_new_computed_tokens
-        held = len(request.blocks) + len(hits)
-        total = num_computed + num_new_tokens + num_lookahead_tokens
-        if total > self.max_model_len:
-            total = self.max_model_len
-        need = -(-total // bs) - held
-        if need < 0:
-            need = 0
-        evictable = 0
-        for b in hits:
-            if b.ref_cnt == 0:
-                evictable += 1
-        free = len(pool.free_queue) - reserved_blocks
-        if need + evictable > free:
-            return False
-        if full_sequence_must_fit:
-            full_need = -(-request.num_tokens // bs) - held
-            if full_need + evictable > free:
+        else:
+            hits = new_computed_blocks or ()
+            if need < 0:
+                need = 0
+            evictable = 0
+            for b in hits:
+                if b.ref_cnt == 0:
+                    evictable += 1
+            free = len(pool.free_queue) - reserved_blocks
+            if need + evictable > free:
                 return False
-        if hits:
-            pool.touch(hits)  # type: ignore[arg-type]
-            request.blocks.extend(hits)
-            request.num_cached_blocks = len(request.blocks)
-        if need:
-            request.blocks.extend(pool.get_new_blocks(need))
+            if full_sequence_must_fit:
+                full_need = -(-request.num_tokens // bs) - held
+                if full_need + evictable > free:
+                    return False
+            if hits:
+                pool.touch(hits)  # type: ignore[arg-type]
+                blocks.extend(hits)
+                request.num_cached_blocks = len(blocks)
+            if need:
+                blocks.extend(pool.get_new_blocks(need))
         if self.enable_prefix_caching:
-            num_full = min(num_computed + num_new_tokens, request.num_tokens) // bs
+            end = num_computed + num_new_tokens
+            ntok = request.prompt_len + request.num_output_tokens  # num_tokens, inlined
+            num_full = (end if end < ntok else ntok) // bs
             if num_full > request.num_cached_blocks:
                 self._register(request, num_full)
         return True
@@ -437,9 +416,7 @@ class KVCacheManager:
         their free-queue entries (see :meth:`free`)."""
         blocks = request.blocks
         start = request.num_cached_blocks
-        if unique_content(request):
-            pass  # nothing else can hit them: only the count matters (where they go when freed)
-        else:
+        if not unique_content(request):  # unique content: nothing else can hit it, only the count matters
             hashes = request.ensure_block_hashes(num_full, self.block_size)
             cached = self.pool.cached
             cache = self.pool.cache_block

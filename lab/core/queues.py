@@ -1,15 +1,15 @@
 """Waiting queues, as vLLM V1's request_queue.py has them: FCFS (a deque) and priority (a heap).
 
 Both support the operations the schedulers need: ``add`` (an arrival), ``peek``/``pop`` (the head), ``prepend`` (a
-preempted request, which FCFS puts first and the priority heap simply pushes), ``prepend_all`` (requests skipped in
-one step go back to the head in their order), ``remove`` and iteration in service order.
+preempted request, which FCFS puts first and the priority heap simply pushes), ``remove``, iteration in service
+order, and ``order_stable_until`` (when the order may change with time alone).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Iterable, Iterator, Protocol
+from typing import Iterator, Protocol
 
 from lab.core.request import Request
 
@@ -17,24 +17,31 @@ from lab.core.request import Request
 class WaitingQueue(Protocol):
     """What every waiting queue offers a scheduler.
 
-    A queue whose order can change with time alone (no arrival, no pop) must also offer
-    ``order_stable_until() -> float``: the earliest time at which its head may differ from the head the scheduler
-    last saw (``inf`` if never). The decode fast-forward ends a jump before it (lab/engine/fastforward.py); without the
-    method the order is taken to be fixed between arrivals and scheduler calls, as FCFS and priority order are.
+    ``order_stable_until() -> float`` is the earliest time (seconds) at which the head may differ from the head the
+    scheduler last saw with no arrival or pop in between: ``inf`` for FCFS and priority order (:class:`FixedOrder`),
+    a finite time for a queue whose order changes with time alone (e.g. starvation promotion). The decode
+    fast-forward ends a jump before it (lab/engine/fastforward.py).
     """
 
     def add(self, request: Request) -> None: ...
     def peek(self) -> Request: ...
     def pop(self) -> Request: ...
     def prepend(self, request: Request) -> None: ...
-    def prepend_all(self, requests: Iterable[Request]) -> None: ...
     def remove(self, request: Request) -> None: ...
     def __len__(self) -> int: ...
     def __bool__(self) -> bool: ...
     def __iter__(self) -> Iterator[Request]: ...
+    def order_stable_until(self) -> float: ...
 
 
-class FCFSQueue:
+class FixedOrder:
+    """Mixin of a queue whose order changes only on arrivals and pops."""
+
+    def order_stable_until(self) -> float:
+        return float("inf")
+
+
+class FCFSQueue(FixedOrder):
     """First come, first served; a preempted request goes back to the head."""
 
     def __init__(self) -> None:
@@ -52,9 +59,6 @@ class FCFSQueue:
     def prepend(self, request: Request) -> None:
         self._q.appendleft(request)
 
-    def prepend_all(self, requests: Iterable[Request]) -> None:
-        self._q.extendleft(reversed(list(requests)))
-
     def remove(self, request: Request) -> None:
         self._q.remove(request)
 
@@ -68,7 +72,7 @@ class FCFSQueue:
         return iter(self._q)
 
 
-class PriorityQueue:
+class PriorityQueue(FixedOrder):
     """Heap on ``(priority, arrival_time, index)``; lower priority values are served first."""
 
     def __init__(self) -> None:
@@ -85,10 +89,6 @@ class PriorityQueue:
 
     def prepend(self, request: Request) -> None:
         self.add(request)
-
-    def prepend_all(self, requests: Iterable[Request]) -> None:
-        for r in requests:
-            self.add(r)
 
     def remove(self, request: Request) -> None:
         self._h = [e for e in self._h if e[3] is not request]

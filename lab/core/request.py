@@ -54,7 +54,7 @@ class Request:
         "blocks", "num_cached_blocks", "block_hashes", "prev_blocks",
         "first_scheduled_time", "first_token_time", "last_token_time", "finish_time",
         "prefix_hit_tokens", "prefix_hit_recorded", "reason", "instance_id", "events",
-        "swapped_tokens", "session_id", "num_swaps",
+        "swapped_tokens", "session_id", "num_swaps", "next_decode_eligible_step", "pool", "stop_at",
     )
 
     def __init__(
@@ -90,7 +90,8 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
-        # vLLM's num_output_placeholders (P): tokens that steps still in flight will sample (async scheduling).
+        # vLLM's num_output_placeholders (P): tokens that steps still in flight will sample (async scheduling only;
+        # under sync scheduling a request with a step in flight has C = num_tokens and is skipped until it returns)
         self.num_output_placeholders = 0
         # tokens scheduled in steps that have not finished yet (0 between steps under sync scheduling)
         self.inflight_tokens = 0
@@ -114,6 +115,14 @@ class Request:
         self.swapped_tokens = 0
         self.num_swaps = 0
         self.session_id = session_id
+        # async scheduling with pipeline parallelism (vLLM V2 runner): the first scheduler step at which a decode of
+        # this request may be scheduled again (shared/specs/vllm-v1-scheduling.md §4)
+        self.next_decode_eligible_step = 0
+        # name of the pool of the instance serving it (lab/cluster); "" in a single-pool deployment
+        self.pool = ""
+        # output tokens at which the request leaves its instance: max_tokens (it finishes), or fewer when a pool
+        # hands it on to another pool after that many tokens (lab/cluster; prefill/decode disaggregation)
+        self.stop_at = self.max_tokens
 
     @property
     def num_tokens(self) -> int:
@@ -124,10 +133,6 @@ class Request:
     def total_tokens(self) -> int:
         """Prompt plus the whole forced output: the longest this request's sequence can become."""
         return self.prompt_len + self.max_tokens
-
-    def sort_key(self) -> tuple[int, float, int]:
-        """Priority order of vLLM's ``Request.__lt__``: (priority, arrival_time, id), ascending."""
-        return (self.priority, self.arrival_time, self.index)
 
     def ensure_block_hashes(self, num_blocks: int, block_size: int) -> list[int]:
         """Extend ``block_hashes`` to cover the first ``num_blocks`` full blocks and return the list.
@@ -171,11 +176,6 @@ class Request:
             parent = hash((parent, content))
             hashes.append(parent)
         return hashes
-
-    def record(self, time: float, event: str, detail: str = "") -> None:
-        """Append a lifecycle event when event recording is on (``events`` is a list); ``detail`` says why."""
-        if self.events is not None:
-            self.events.append((time, event, detail) if detail else (time, event))
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id}, t={self.arrival_time:.3f}, prompt={self.prompt_len}, "

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from lab.core.kv_cache import KVCacheManager
-from lab.core.queues import WaitingQueue
+from lab.core.queues import WaitingQueue, make_queue
 from lab.core.request import Request
 
 
@@ -65,13 +65,17 @@ class SchedulerOutput:
 
     Attributes:
         requests: requests that run this step, in batch order.
-        num_new_tokens: tokens each gets this step (same order, each >= 1).
+        num_new_tokens: tokens each gets this step (same order, each >= 1; draft tokens included).
         preempted: requests preempted while building this step.
+        num_spec_tokens: draft tokens scheduled per request (speculative decoding; vLLM
+            ``scheduled_spec_decode_tokens``); requests without drafts are absent, and the dict stays empty when
+            nothing speculates.
     """
 
     requests: list[Request] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    num_spec_tokens: dict[Request, int] = field(default_factory=dict)
 
     def add(self, request: Request, n: int) -> None:
         self.requests.append(request)
@@ -82,6 +86,7 @@ class SchedulerOutput:
         for i, r in enumerate(self.requests):
             if r is request:
                 del self.requests[i]
+                self.num_spec_tokens.pop(r, None)
                 return self.num_new_tokens.pop(i)
         return 0
 
@@ -90,13 +95,51 @@ class SchedulerOutput:
         return sum(self.num_new_tokens)
 
 
+class SchedulerContractError(RuntimeError):
+    """A scheduler returned a step that breaks the engine's rules (the message names the policy and the rule)."""
+
+
+def contract_violation(out: SchedulerOutput, config: SchedulerConfig, num_running: int,
+                       max_step_tokens: int | None) -> str:
+    """The first rule of the scheduler contract ``out`` breaks, as a sentence, or '' if it keeps them all.
+
+    Rules checked here, on the whole output (the engine checks per request, while applying the schedule, that a
+    scheduled request is running and holds KV blocks for its tokens): one token count per request, every count
+    >= 1, no request listed twice, total tokens within ``max_step_tokens`` (the scheduler's own budget,
+    :meth:`SchedulerBase.max_step_tokens`; None = no cap), running requests within ``max_num_seqs``, drafts only
+    for scheduled requests and fewer than their tokens.
+    """
+    reqs, news = out.requests, out.num_new_tokens
+    if len(reqs) != len(news):
+        return f"{len(reqs)} requests but {len(news)} token counts"
+    if min(news) < 1:
+        i = news.index(min(news))
+        return f"request {reqs[i].request_id} scheduled with {news[i]} tokens (expected >= 1)"
+    if len(set(map(id, reqs))) != len(reqs):
+        return "a request is scheduled twice in one step"
+    total = sum(news)
+    if max_step_tokens is not None and total > max_step_tokens:
+        return f"{total} tokens scheduled, over the step budget ({max_step_tokens})"
+    if num_running > config.max_num_seqs:
+        return f"{num_running} requests running, over max_num_seqs ({config.max_num_seqs})"
+    for r, k in out.num_spec_tokens.items():
+        if r not in reqs:
+            return f"drafts given for request {r.request_id}, which is not scheduled"
+        if not 0 <= k < news[reqs.index(r)]:
+            return f"request {r.request_id}: {k} drafts with {news[reqs.index(r)]} tokens (expected 0 <= drafts < tokens)"
+    return ""
+
+
 class EngineView(Protocol):
     """What an instance exposes to its scheduler.
 
     ``running`` is in admission order and is the engine's own list: schedulers read it and change it only
-    through :meth:`admit` and :meth:`preempt`. ``waiting`` is the waiting queue (FCFS deque, priority heap, or
-    the scheduler's own queue from an optional ``make_queue(config)`` method); a scheduler pops or removes the
-    request it admits. ``kv`` is the KV cache manager (``get_computed_blocks``, ``allocate_slots``,
+    through :meth:`admit` and :meth:`preempt`. ``waiting`` is the waiting queue the scheduler's ``make_queue``
+    built (FCFS deque or priority heap by default); a scheduler pops or removes the request it admits.
+    ``num_scheduler_steps`` counts the schedules made so far on this instance; when ``pipeline_async`` (pipeline
+    parallelism under async scheduling) a decode is schedulable again only once that count reaches the request's
+    ``next_decode_eligible_step``
+    (vLLM's V2 model runner rule, shared/specs/vllm-v1-scheduling.md §4). ``kv`` is the KV cache manager (``get_computed_blocks``, ``allocate_slots``,
     ``num_free_blocks``, ``block_size``).
     """
 
@@ -105,6 +148,8 @@ class EngineView(Protocol):
     waiting: WaitingQueue
     kv: KVCacheManager
     instance_id: int
+    num_scheduler_steps: int
+    pipeline_async: bool
 
     @property
     def now(self) -> float: ...
@@ -128,15 +173,62 @@ class EngineView(Protocol):
 
 @runtime_checkable
 class Scheduler(Protocol):
-    """A scheduling policy: one call per engine step."""
+    """A scheduling policy: one call per engine step, plus what the engine may ask of it (see
+    :class:`SchedulerBase`, which every policy subclasses)."""
+
+    name: str
+    supports_async: bool
+    supports_fast_forward: bool
+    supports_pipelining: bool
+
+    def make_queue(self, config: SchedulerConfig) -> WaitingQueue: ...
+
+    def max_step_tokens(self, config: SchedulerConfig) -> int | None: ...
 
     def schedule(self, engine: EngineView) -> SchedulerOutput: ...
+
+
+class SchedulerBase:
+    """Base class of every scheduling policy: it declares the capabilities the engine reads, with safe defaults.
+
+    Override in a subclass:
+
+    - :meth:`schedule` (required): build one step from the :class:`EngineView`.
+    - ``supports_async``: the policy schedules correctly with a step in flight (it counts output placeholders,
+      ``num_output_placeholders``, as tokens to compute), so async scheduling may overlap its CPU work.
+    - ``supports_fast_forward``: the policy keeps no state between steps that would change a steady decode batch's
+      schedule, so the engine may advance decode stretches in one jump (lab/engine/fastforward.py).
+    - ``supports_pipelining``: the policy skips a request with nothing left to compute (n <= 0: a decode whose
+      step is in flight) and, under async PP, one before its ``next_decode_eligible_step``, so several
+      micro-batches may be in flight (pipeline parallelism). Without it a PP instance runs one micro-batch at a
+      time.
+    - :meth:`make_queue`: the waiting queue the policy wants (default: FCFS or priority by ``config.queue_policy``).
+    - :meth:`max_step_tokens`: the most tokens one of its steps may hold (default ``max_num_batched_tokens``;
+      None for a policy with a budget of its own, e.g. Orca's whole prompts).
+    """
+
+    name = "scheduler"
+    supports_async = False
+    supports_fast_forward = False
+    supports_pipelining = False
+
+    def make_queue(self, config: SchedulerConfig) -> WaitingQueue:
+        """The waiting queue of an instance run by this policy."""
+        return make_queue(config.queue_policy)
+
+    def max_step_tokens(self, config: SchedulerConfig) -> int | None:
+        """Tokens one step may hold at most (the engine checks every step against it); None = no cap."""
+        return config.max_num_batched_tokens
+
+    def schedule(self, engine: EngineView) -> SchedulerOutput:  # pragma: no cover - every policy overrides it
+        raise NotImplementedError
 
 
 class InstanceView(Protocol):
     """What a router sees of one instance."""
 
     instance_id: int
+    pool: str
     running: list[Request]
     waiting: WaitingQueue
     kv: KVCacheManager

@@ -11,13 +11,14 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+from importlib.metadata import version
 from pathlib import Path
 
 import pandas as pd
 
+from lab.costmodel.families import drop_impossible
 from lab.costmodel.fit import CurveSet, calibrate as fit_all, holdout
 from lab.costmodel.profiles import Observations, read_profiles
-from lab.costmodel.fit import drop_impossible
 
 FIT_METHOD = ("t = t0 + (tc^p + tm^p)^(1/p); tc = F / (peak * sigmoid(a_c + sum_i f_i(log2 x_i))), "
               "tm = B / (bandwidth * cap * sigmoid(a_m + sum_j g_j(log2 y_j))); f, g piecewise linear in log2 of "
@@ -125,8 +126,6 @@ def write_holdout(rep: pd.DataFrame, folder: Path, command: str) -> None:
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("servelab")
     except Exception:  # noqa: BLE001 - not installed as a distribution
         return "unknown"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import least_squares
 
 from lab.core.batch import BatchShape
 from lab.costmodel.fit import calibrate as fit_all, mape
@@ -139,8 +140,6 @@ def splitwise(data_dir: Path, log=None) -> tuple[pd.DataFrame, dict]:
     time) on a deterministic half of the configurations (every other one in (TP, prompt, batch) order) and the
     error is reported on both halves. Measurements faster than the GPU's FLOP bound (2 x parameters x tokens /
     TP / peak) cannot be right and are left out (listed in the returned parameters)."""
-    from scipy.optimize import least_squares
-
     meas = splitwise_rows(data_dir)
     model = load_model("Llama-2-70B")
     out = []

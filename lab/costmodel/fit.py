@@ -6,7 +6,7 @@ Model (one curve = one GPU x class x variant):
     t_c = F / (P · σ(a_c + Σ_i f_i(log2 x_i)))        x_i: the class's compute features (e.g. GEMM m, n, k)
     t_m = B / (W · σ(a_m + Σ_j g_j(log2 y_j)))        y_j: its memory features (e.g. bytes moved)
 
-``F``/``B`` are the operator's FLOPs and bytes (lab/costmodel/ops.py), ``P`` the GPU's dense peak for the dtype and
+``F``/``B`` are the operator's FLOPs and bytes and ``x``/``y`` its features (lab/costmodel/features.py), ``P`` the GPU's dense peak for the dtype and
 ``W`` its HBM bandwidth (link bandwidth for collectives), σ the logistic function (so each efficiency stays in
 (0, 1)), ``f_i``/``g_j`` piecewise-linear functions of log2 of the feature with knots every 2 octaves (clamped
 outside the fitted range), ``p`` a smooth-max exponent and ``t0`` a fixed latency. It is the roofline with
@@ -22,200 +22,24 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import least_squares
 
-from lab.costmodel.hardware import Hardware
-from lab.costmodel.model_arch import dtype_bytes, load_model
-from lab.costmodel import ops
-
-# compute features, memory features per class
-FEATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "gemm": (("m", "n", "k", "align", "mtile", "ntile", "wave"), ("bytes", "n", "k", "m", "align")),
-    "attn_prefill": (("q_len", "span", "units", "head_dim"), ("bytes",)),
-    "attn_decode": (("units", "head_dim", "batch"), ("kv_len", "kv_units", "bytes", "batch")),
-    "mla_prefill": (("q_len", "batch", "heads"), ("bytes",)),
-    "mla_decode": (("batch", "heads"), ("kv_len", "bytes")),
-    "moe": (("rows_per_expert", "rows", "inter", "hidden", "topk"), ("bytes", "experts_local", "tokens", "rows_per_expert")),
-    "allreduce": ((), ("bytes",)),
-    "sendrecv": ((), ("bytes",)),
-    "elementwise": ((), ("bytes",)),
-}
-COMM = ("allreduce", "sendrecv")
+from lab.costmodel.families import FAMILY_PRIORITY, family_of
+from lab.costmodel.features import FEATURES, peaks, variant_of, work
+from lab.costmodel.hardware import Hardware, load_hardware
+from lab.costmodel.profiles import COLUMNS, Observations
+from lab.costmodel.tables import interpolation_holdout
 
 # The tile features are fitted only from a grid with at least this many distinct (n, k) weight shapes: with fewer,
 # n and the tile counts are confounded and the curve extrapolates badly to a model's other shapes (LLMServingSim's
 # H100 table, 9 shapes, put a Llama-3.1-8B decode step 19 % above the two richer sources with them).
 MIN_GEMM_SHAPES_FOR_TILE_FEATURES = 16
 TILE_FEATURES = ("mtile", "ntile", "wave")
-
-# Output tile edge of the Hopper-class GEMM kernels (CUTLASS / cuBLAS 128 x 128 tiles, one tile per SM at a time).
-GEMM_TILE = 128
-
-
-def gemm_features(m, n, k, byts, num_sms):
-    """Fit features of a GEMM (m tokens x k inputs -> n outputs); scalars or numpy arrays alike.
-
-    ``align`` (2 when m is a multiple of 16, else 1) separates the kernels picked for aligned m; ``mtile`` and
-    ``ntile`` are the used fraction of the last 128-wide output tile along m and n; ``wave`` is the used fraction
-    of the last wave of tiles over ``num_sms`` SMs (wave quantization: 133 tiles on 132 SMs take two waves).
-    Together they give the saw-tooth that FP8 GEMMs show right after a tile or wave boundary.
-    """
-    mt = -(-m // GEMM_TILE)
-    nt = -(-n // GEMM_TILE)
-    tiles = mt * nt
-    return {"m": m, "n": n, "k": k, "align": 1.0 + (m % 16 == 0), "mtile": m / (mt * GEMM_TILE),
-            "ntile": n / (nt * GEMM_TILE), "wave": tiles / (-(-tiles // num_sms) * num_sms), "bytes": byts}
-
-
-def _num_sms(df: pd.DataFrame | dict) -> np.ndarray:
-    """SMs of each observation's GPU (its ``gpu`` column, looked up in the hardware catalog)."""
-    from lab.costmodel.hardware import load_hardware
-
-    gpus = np.asarray(df["gpu"])
-    out = np.empty(len(gpus))
-    for g in set(gpus.tolist()):
-        out[gpus == g] = load_hardware(g).num_sms
-    return out
-
-
-def _kv_bytes(kv_dtype) -> np.ndarray | float:
-    if isinstance(kv_dtype, str):
-        return float(dtype_bytes(kv_dtype))
-    return np.array([dtype_bytes(str(x)) for x in kv_dtype], dtype=float)
-
-
-def _w_bytes(dtype) -> np.ndarray | float:
-    if isinstance(dtype, str):
-        return float(dtype_bytes("fp8" if dtype.startswith("fp8") else dtype))
-    return np.array([dtype_bytes("fp8" if str(x).startswith("fp8") else str(x)) for x in dtype], dtype=float)
-
-
-def mla_module_work(model_name, heads, batch, q_len=None, kv_len=None, w_bytes=1.0, kv_bytes=2.0):
-    """FLOPs and bytes of one MLA attention module (vLLM DeepseekV2MLAAttention: fused q_a/kv_a projection, q_b,
-    kv_b, latent attention, o_proj) for a uniform batch; prefill when ``q_len`` is given (no history, kv_b expands
-    the chunk), decode (absorbed) when ``kv_len`` is. Works on scalars or numpy arrays."""
-    m = model_name if hasattr(model_name, "kv_lora_rank") else load_model(model_name)
-    h, rq, r, rope = m.hidden_size, m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim
-    nope, dv = m.qk_nope_head_dim, m.v_head_dim
-    qk = nope + rope
-    tokens = batch * (q_len if q_len is not None else 1)
-    w_a = h * (rq + r + rope)
-    w_qb = rq * heads * qk
-    w_kvb = r * heads * (nope + dv)
-    w_o = heads * dv * h
-    weights = (w_a + w_qb + w_kvb + w_o) * w_bytes
-    proj_flops = 2.0 * tokens * (w_a + w_qb + w_o)
-    kv_tok = (r + rope) * kv_bytes
-    if q_len is not None:
-        pairs = batch * ops.prefill_pairs(q_len, 0)
-        flops = proj_flops + 2.0 * tokens * w_kvb + 2.0 * heads * (qk + dv) * pairs
-        byts = weights + tokens * (h + rq + r + rope + heads * (qk + 2 * nope + 2 * dv) + h) * 2 + tokens * kv_tok
-    else:
-        attended = batch * (kv_len + 1)
-        flops = proj_flops + 2.0 * tokens * w_kvb + (2.0 * heads * (r + rope) + 2.0 * heads * r) * attended
-        byts = weights + attended * kv_tok + tokens * (h + rq + heads * (qk + 2 * r + dv) + h) * 2 + tokens * kv_tok
-    return flops, byts
-
-
-def work(cls: str, df: pd.DataFrame | dict) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """FLOPs, bytes and the fit features of observations (columns as in lab/costmodel/profiles.py).
-
-    The same definitions are used at run time by the operator cost model, so a fitted curve applies to a shape
-    exactly as it was fitted.
-    """
-    g = (lambda c: df[c].to_numpy()) if isinstance(df, pd.DataFrame) else (lambda c: np.asarray(df[c]))
-    if cls == "gemm":
-        m, n, k = (g(c).astype(float) for c in "mnk")
-        wb = _w_bytes(list(g("dtype")))
-        F, B = ops.gemm(m, n, k, wb, wb)
-        return F, B, gemm_features(m, n, k, B, _num_sms(df))
-    if cls == "attn_prefill":
-        b, q, c, H, Hk, d = (g(x).astype(float) for x in ("batch", "q_len", "ctx_len", "heads", "kv_heads", "head_dim"))
-        kvt = 2 * Hk * d * _kv_bytes(list(g("kv_dtype")))
-        F, B = ops.attention_prefill(q, c, H, Hk, d, d, kvt)
-        return F * b, B * b, {"q_len": q, "span": q + c, "units": b * H, "head_dim": d, "bytes": B * b}
-    if cls == "attn_decode":
-        b, L, H, Hk, d = (g(x).astype(float) for x in ("batch", "kv_len", "heads", "kv_heads", "head_dim"))
-        kvt = 2 * Hk * d * _kv_bytes(list(g("kv_dtype")))
-        F, B = ops.attention_decode(b, b * L, H, d, d, kvt)
-        return F, B, {"units": b * H, "head_dim": d, "kv_len": L + 1, "kv_units": b * Hk, "bytes": B, "batch": b}
-    if cls in ("mla_prefill", "mla_decode"):
-        models = list(g("model"))
-        H, b = g("heads").astype(float), g("batch").astype(float)
-        wb, kvb = _w_bytes(list(g("dtype"))), _kv_bytes(list(g("kv_dtype")))
-        F = np.zeros(len(H))
-        B = np.zeros(len(H))
-        for name in set(models):
-            sel = np.array([x == name for x in models])
-            if cls == "mla_prefill":
-                f, by = mla_module_work(name, H[sel], b[sel], q_len=g("q_len").astype(float)[sel],
-                                        w_bytes=np.broadcast_to(wb, H.shape)[sel], kv_bytes=np.broadcast_to(kvb, H.shape)[sel])
-            else:
-                f, by = mla_module_work(name, H[sel], b[sel], kv_len=g("kv_len").astype(float)[sel],
-                                        w_bytes=np.broadcast_to(wb, H.shape)[sel], kv_bytes=np.broadcast_to(kvb, H.shape)[sel])
-            F[sel], B[sel] = f, by
-        feats = {"batch": b, "heads": H, "bytes": B}
-        if cls == "mla_prefill":
-            feats["q_len"] = g("q_len").astype(float)
-        else:
-            feats["kv_len"] = g("kv_len").astype(float) + 1
-        return F, B, feats
-    if cls == "moe":
-        T, h, i, k, E, tp, ep = (g(x).astype(float) for x in ("tokens", "hidden", "inter", "topk", "experts", "tp", "ep"))
-        wb = _w_bytes(list(g("dtype")))
-        F, B = ops.moe_experts(T, h, i / tp, k, E, ep, wb, wb)
-        rows = T * k / ep
-        return F, B, {"rows_per_expert": np.maximum(rows / (E / ep), 1e-3), "rows": np.maximum(rows, 1e-3),
-                      "inter": i / tp, "hidden": h, "topk": k, "tokens": T, "bytes": B, "experts_local": E / ep}
-    if cls == "allreduce":
-        n = g("gpus").astype(float)
-        B = 2.0 * (n - 1) / n * g("bytes").astype(float)
-        return np.zeros(len(n)), B, {"bytes": g("bytes").astype(float)}
-    if cls in ("sendrecv", "elementwise"):
-        B = g("bytes").astype(float)
-        return np.zeros(len(B)), B, {"bytes": B}
-    raise ValueError(f"unknown operator class {cls!r}")
-
-
-def variant_of(cls: str, df: pd.DataFrame) -> pd.Series:
-    """The variant key a curve is fitted per (dtype, KV dtype, or collective backend and size)."""
-    if cls in ("gemm", "moe"):
-        return df["dtype"].astype(str)
-    if cls in ("attn_prefill", "attn_decode"):
-        return df["kv_dtype"].astype(str)
-    if cls in ("mla_prefill", "mla_decode"):
-        return df["dtype"].astype(str) + "/" + df["kv_dtype"].astype(str)
-    if cls == "allreduce":
-        return df["backend"].astype(str) + "/" + df["gpus"].astype(int).astype(str)
-    if cls == "elementwise":
-        return df["op"].map(elementwise_kind)
-    return pd.Series("all", index=df.index)
-
-
-_KINDS = {"norm": ("layernorm", "norm"), "rope": ("rope", "rotary"), "act": ("act",), "add": ("add",),
-          "embedding": ("emb",), "sampler": ("sampler",)}
-
-
-def elementwise_kind(op: str) -> str:
-    """Group an elementwise op name from any profile format into norm, rope, act, add, embedding or other."""
-    o = str(op).lower()
-    for kind, keys in _KINDS.items():
-        if any(k in o for k in keys):
-            return kind
-    return "other"
-
-
-def peaks(cls: str, variant: str, hw: Hardware) -> tuple[float, float]:
-    """(peak FLOP/s, bandwidth B/s) the curve's efficiencies are relative to."""
-    if cls in COMM:
-        return 1.0, hw.link_bandwidth
-    dtype = variant.split("/")[0]
-    if cls.startswith("attn") or cls == "elementwise":
-        dtype = "bf16"
-    return hw.peak_flops(dtype), hw.memory_bandwidth
 
 
 def _sigmoid(x):
@@ -313,8 +137,6 @@ def fit_curve(cls: str, variant: str, df: pd.DataFrame, hw: Hardware, smooth: fl
     Raises:
         ValueError: fewer than 8 observations.
     """
-    from scipy.optimize import least_squares
-
     if len(df) < 8:
         raise ValueError(f"{hw.name} {cls} {variant}: {len(df)} observations, need at least 8 to fit")
     if len(df) > max_rows:  # deterministic subsample keeps the fit fast; every shape class stays represented
@@ -377,8 +199,6 @@ def fit_curve(cls: str, variant: str, df: pd.DataFrame, hw: Hardware, smooth: fl
 
 def split_mask(df: pd.DataFrame, cls: str, frac: float = 0.2, seed: int = 0) -> np.ndarray:
     """Deterministic held-out mask: ``frac`` of the distinct measured shapes (all repeats of a shape go together)."""
-    from lab.costmodel.profiles import COLUMNS
-
     keys = df[COLUMNS[cls]].astype(str).agg("|".join, axis=1)
     uniq = pd.Index(keys.unique())
     rng = np.random.default_rng(seed)
@@ -391,78 +211,8 @@ def mape(pred: np.ndarray, obs: np.ndarray) -> float:
     return float(np.mean(np.abs(pred / obs - 1.0)) * 100.0)
 
 
-def roofline_ratio(cls: str, df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(measured / roofline time, roofline time) per observation, against the catalog peaks of its GPU."""
-    from lab.costmodel.hardware import load_hardware
-
-    F, B, _ = work(cls, df)
-    var = variant_of(cls, df).to_numpy()
-    gpus = df["gpu"].to_numpy()
-    tmin = np.zeros(len(df))
-    for g in np.unique(gpus):
-        hw = load_hardware(g)
-        for v in np.unique(var):
-            sel = (gpus == g) & (var == v)
-            if sel.any():
-                P, W = peaks(cls, v, hw)
-                tmin[sel] = np.maximum(F[sel] / P, B[sel] / W)
-    return df["time_s"].to_numpy(float) / np.maximum(tmin, 1e-30), tmin
-
-
-def drop_impossible(obs, min_time_s: float = 20e-6, slack: float = 0.9, max_bad: float = 0.05):
-    """Drop whole source tables that contradict the roofline, and say so in ``obs.notes``.
-
-    Among a table's rows whose roofline time exceeds ``min_time_s`` (too big for caches or launch effects to
-    matter), if more than ``max_bad`` run faster than ``slack`` x the roofline (above the GPU's peak FLOP/s or
-    bandwidth), the table cannot be measuring what its columns say. Elementwise tables are exempt: small
-    activations legitimately stay in L2 and beat the HBM roofline.
-    """
-    from lab.costmodel.profiles import Observations
-
-    out = Observations(notes=list(obs.notes))
-    for cls, df in obs.tables.items():
-        if cls == "elementwise":
-            out.tables[cls] = df
-            continue
-        r, tmin = roofline_ratio(cls, df)
-        files = df["source"].str.replace(r":.*$", "", regex=True)
-        keep = np.ones(len(df), dtype=bool)
-        for f in files.unique():
-            sel = (files == f).to_numpy()
-            big = sel & (tmin > min_time_s)
-            if big.sum() == 0:
-                continue
-            bad = float(np.mean(r[big] < slack))
-            if bad > max_bad:
-                keep &= ~sel
-                out.notes.append(f"dropped {f} ({cls}): {bad:.0%} of its {int(big.sum())} large rows run faster "
-                                 f"than the roofline (fastest at {float(r[big].min()):.2f}x), so it cannot be "
-                                 "measuring the shapes its columns give")
-        if keep.any():
-            out.tables[cls] = df[keep].reset_index(drop=True)
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ calibration
-FAMILY_PRIORITY = ("servelab", "aiconfigurator", "vidur", "llmservingsim")
-
-
-def family_of(source: str) -> str:
-    """The profile family a source path belongs to (servelab, aiconfigurator, vidur, llmservingsim)."""
-    s = source.lower()
-    for fam in ("aiconfigurator", "vidur", "llmservingsim"):
-        if fam in s:
-            return fam
-    if s.endswith(".parquet"):
-        return "aiconfigurator"
-    if "mlp.csv" in s or "all_reduce.csv" in s or "send_recv.csv" in s:
-        return "vidur"
-    if "layers.csv" in s or "dense.csv" in s:
-        return "llmservingsim"
-    return "servelab"
-
-
-def _groups(obs, cls: str):
+def _groups(obs: Observations, cls: str):
     """(gpu, variant, family, frame) groups of one class, MoE restricted to balanced routing."""
     df = obs.get(cls)
     if df.empty:
@@ -475,12 +225,10 @@ def _groups(obs, cls: str):
         yield gpu, v, f, d.reset_index(drop=True)
 
 
-def calibrate(obs, min_rows: int = 16, log=None) -> "CurveSet":
+def calibrate(obs: Observations, min_rows: int = 16, log=None) -> "CurveSet":
     """Fit one curve per GPU, class and variant from the highest-priority profile family that has at least
     ``min_rows`` observations of it (servelab > aiconfigurator > vidur > llmservingsim: families are not mixed,
     because different kernels and timing methods disagree by more than the fit error)."""
-    from lab.costmodel.hardware import load_hardware
-
     best: dict[tuple[str, str, str], tuple[int, str, pd.DataFrame]] = {}
     for cls in FEATURES:
         for gpu, v, f, d in _groups(obs, cls):
@@ -490,8 +238,6 @@ def calibrate(obs, min_rows: int = 16, log=None) -> "CurveSet":
             key = (gpu, cls, v)
             if key not in best or rank < best[key][0]:
                 best[key] = (rank, f, d)
-    import time
-
     curves = CurveSet()
     for (gpu, cls, v), (_, f, d) in sorted(best.items()):
         t0 = time.perf_counter()
@@ -503,13 +249,10 @@ def calibrate(obs, min_rows: int = 16, log=None) -> "CurveSet":
     return curves
 
 
-def holdout(obs, frac: float = 0.2, min_rows: int = 30, log=None) -> pd.DataFrame:
+def holdout(obs: Observations, frac: float = 0.2, min_rows: int = 30, log=None) -> pd.DataFrame:
     """Held-out accuracy of every (GPU, class, variant, family) table: fit on a deterministic 80 % of its distinct
     shapes, report MAPE (%) of the fitted curve on the other 20 % and, for the tables the cost model interpolates
     (lab/costmodel/tables.py), of that interpolation from the 80 % as well."""
-    from lab.costmodel.hardware import load_hardware
-    from lab.costmodel.tables import interpolation_holdout
-
     rows = []
     for cls in FEATURES:
         for gpu, v, f, d in _groups(obs, cls):
@@ -545,9 +288,6 @@ class CurveSet:
 
     def get(self, gpu: str, cls: str, variant: str) -> Curve | None:
         return self.curves.get((gpu, cls, variant))
-
-    def gpus(self) -> list[str]:
-        return sorted({g for g, _, _ in self.curves})
 
     def to_json(self) -> dict:
         out: dict = {"note": self.note, "curves": {}}

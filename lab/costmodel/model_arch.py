@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from lab.costmodel.parallel import Parallelism
+
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "int8": 1, "fp32": 4,
                "auto": 2}
 
@@ -33,6 +35,19 @@ def dtype_bytes(dtype: str) -> int:
         return DTYPE_BYTES[dtype]
     except KeyError:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}") from None
+
+
+def resolve_kv_dtype(model_dtype: str, kv_cache_dtype: str) -> str:
+    """The KV-cache dtype a deployment actually stores: ``kv_cache_dtype``, or the model's dtype when it is
+    ``"auto"`` (vLLM's ``--kv-cache-dtype auto``: the cache takes the model's dtype).
+
+    Args:
+        model_dtype: the model's (weight) dtype as configured, e.g. "bf16" or "fp8".
+        kv_cache_dtype: the configured KV-cache dtype: "auto" or an explicit dtype name.
+
+    Example: ``resolve_kv_dtype("fp8", "auto") == "fp8"``; ``resolve_kv_dtype("fp8", "bf16") == "bf16"``.
+    """
+    return model_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
 
 
 @dataclass(frozen=True)
@@ -164,8 +179,6 @@ class ModelArch:
         their width over TP without EP, and whole experts over the ``ep`` GPUs with EP. Norm weights and biases are
         ignored (< 0.01 %). With ``include_mtp`` the MTP modules sit on the last stage.
         """
-        from lab.costmodel.parallel import Parallelism
-
         par = Parallelism(tp, pp, ep, dp)
         wb = dtype_bytes(dtype or self.weight_dtype)
         h = self.hidden_size
@@ -221,14 +234,6 @@ class ModelArch:
         """
         layers = max(_split(self.num_layers, pp))
         return self.kv_bytes_per_token_per_layer(kv_dtype, tp) * layers
-
-    def weight_bytes(self, dtype: str | None = None, tp: int = 1) -> int:
-        """Weight bytes per TP rank (embedding and head are vocab-parallel, so they split too).
-
-        Kept for callers of the first version; :meth:`weight_bytes_per_rank` accounts for replication, PP, EP and
-        16-bit embeddings.
-        """
-        return self.params_total() * dtype_bytes(dtype or self.weight_dtype) // tp
 
 
 def _split(n: int, parts: int) -> list[int]:

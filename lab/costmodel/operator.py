@@ -37,19 +37,24 @@ Small kernels (norms, decode attention, the small GEMMs of a wide TP split) beco
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Callable, Sequence
 
-from lab.costmodel import ops
 from lab.core.batch import BatchShape
+from lab.costmodel import ops
 from lab.costmodel.base import CostModelBase
-from lab.costmodel.fit import Curve, CurveSet, gemm_features, mla_module_work
+from lab.costmodel.features import gemm_features, mla_module_work
+from lab.costmodel.fit import Curve, CurveSet
 from lab.costmodel.hardware import Hardware, fit_proxy
-from lab.costmodel.model_arch import ModelArch, dtype_bytes
+from lab.costmodel.model_arch import ModelArch, dtype_bytes, resolve_kv_dtype
 from lab.costmodel.parallel import Parallelism
+from lab.costmodel.profiles import ProfileError
 from lab.costmodel.roofline import Efficiency
-from lab.costmodel.tables import TableSet
+from lab.costmodel.tables import TableSet, load_tables
 
 # FlashMLA on H800 (published_kernel_and_system_figures.csv): 3000 of 3350 GB/s memory-bound, 660 of 990 TFLOPS
 # compute-bound. Used for the MLA decode core when no table or curve covers it.
@@ -70,15 +75,41 @@ class OpRow:
     bytes: float
 
 
-class _TokOp:
-    """An operator whose cost depends only on (tokens, sequences) of the step."""
+# Where an operator's calls run (``_TokOp.where``): ``(a, b, c)`` is a calls per decoder layer, b per dense-MLP layer
+# and c per MoE layer; FIRST / LAST once per step on the first / last pipeline stage; BOUNDARY once per stage boundary,
+# on the sending stage.
+Where = tuple[int, int, int] | str
+_LAYER: Where = (1, 0, 0)
+_DENSE: Where = (0, 1, 0)
+_MOE: Where = (0, 0, 1)
+_FIRST, _LAST, _BOUNDARY = "first", "last", "boundary"
 
-    __slots__ = ("name", "group", "calls", "fn", "work", "source", "kernels")
+
+def _stage_calls(where: Where, counts: list[tuple[int, int, int]]) -> list[int]:
+    """Calls of an operator placed ``where`` on each pipeline stage, given each stage's (layers, dense-MLP layers,
+    MoE layers)."""
+    last = len(counts) - 1
+    if where == _FIRST:
+        return [1] + [0] * last
+    if where == _LAST:
+        return [0] * last + [1]
+    if where == _BOUNDARY:
+        return [1] * last + [0]
+    a, b, c = where
+    return [a * n + b * nd + c * nm for n, nd, nm in counts]
+
+
+class _TokOp:
+    """An operator whose cost depends only on (tokens, sequences) of the step: ``calls`` per step in all, run
+    ``where`` (see ``Where``)."""
+
+    __slots__ = ("name", "group", "calls", "fn", "work", "source", "kernels", "where")
 
     def __init__(self, name: str, group: str, calls: int, fn: Callable[[int, int], float],
-                 work: Callable[[int, int], tuple[float, float]], source: str, kernels: int = 1) -> None:
+                 work: Callable[[int, int], tuple[float, float]], source: str, kernels: int = 1,
+                 where: Where = _LAYER) -> None:
         self.name, self.group, self.calls, self.fn, self.work = name, group, calls, fn, work
-        self.source, self.kernels = source, kernels
+        self.source, self.kernels, self.where = source, kernels, where
 
 
 class OperatorCostModel(CostModelBase):
@@ -136,6 +167,11 @@ class OperatorCostModel(CostModelBase):
         self.kv_heads = max(1, m.num_kv_heads // p.tp)
         self.kv_tok = m.kv_bytes_per_token_per_layer(self.kvdtype, p.tp)
         self._cache: dict[tuple[int, int], tuple[float, float, dict[str, float]]] = {}
+        self._stage_counts_cache: dict[tuple[int, ...], list[tuple[int, int, int]]] = {}
+        self._stage_cache: dict[tuple[int, int, tuple[int, ...]], list[float]] = {}
+        # fitted attention-core curves; set by the attention setup when no table covers the core
+        self.pre_curve: Curve | None = None
+        self.dec_curve: Curve | None = None
         self._build()
 
     # ------------------------------------------------------------------------------------------ sources
@@ -229,77 +265,96 @@ class OperatorCostModel(CostModelBase):
         lat = self.link_latency
         return (lambda b: lat + b / bw), "roofline (link)"
 
+    def _stage_counts(self, stage_layers: tuple[int, ...]) -> list[tuple[int, int, int]]:
+        """(layers, dense-MLP layers, MoE layers) on each pipeline stage; the dense layers are the first ones
+        (``first_k_dense_replace``), as in the checkpoint."""
+        hit = self._stage_counts_cache.get(stage_layers)
+        if hit is not None:
+            return hit
+        out, start = [], 0
+        for n in stage_layers:
+            nd = max(0, min(n, self.L_dense - start))
+            out.append((n, nd, n - nd))
+            start += n
+        self._stage_counts_cache[stage_layers] = out
+        return out
+
+    def _calls(self, where: Where) -> int:
+        """Calls per step of an operator placed ``where``: the sum of its calls on every stage."""
+        return sum(_stage_calls(where, self._stage_counts(tuple(self.par.stage_layers(self.L)))))
+
     def _build(self) -> None:
         m, p = self.model, self.par
         h, d = m.hidden_size, m.head_dim
         H, Hk = self.heads, self.kv_heads
-        L, Ld, Lm = self.L, self.L_dense, self.L_moe
         tok: list[_TokOp] = []
         self.tok_ops = tok
 
-        def add_gemm(name: str, n: int, k: int, calls: int, group: str = "gemm", dtype: str | None = None,
+        def add_gemm(name: str, n: int, k: int, where: Where, group: str = "gemm", dtype: str | None = None,
                      m_of: Callable[[int, int], float] = lambda T, S: T) -> None:
+            calls = self._calls(where)
             if calls <= 0 or n <= 0 or k <= 0:
                 return
             fn, work, src = self._gemm_fn(n, k, dtype)
             tok.append(_TokOp(name, group, calls, lambda T, S, fn=fn: fn(m_of(T, S)),
-                              lambda T, S, work=work: work(m_of(T, S)), src))
+                              lambda T, S, work=work: work(m_of(T, S)), src, where=where))
 
-        def add_elem(name: str, kind: str, bytes_per_token: float, calls: int, per: str = "T") -> None:
+        def add_elem(name: str, kind: str, bytes_per_token: float, where: Where, per: str = "T") -> None:
+            calls = self._calls(where)
             if calls <= 0 or bytes_per_token <= 0:
                 return
             fn, src = self._elem_fn(kind)
             if per == "T":
                 tok.append(_TokOp(name, "elementwise", calls, lambda T, S: fn(T * bytes_per_token),
-                                  lambda T, S: (0.0, T * bytes_per_token), src))
+                                  lambda T, S: (0.0, T * bytes_per_token), src, where=where))
             else:
                 tok.append(_TokOp(name, "head", calls, lambda T, S: fn(S * bytes_per_token),
-                                  lambda T, S: (0.0, S * bytes_per_token), src))
+                                  lambda T, S: (0.0, S * bytes_per_token), src, where=where))
 
         # ---- attention block (per layer, token-dependent part)
-        add_elem("norms", "norm", 8 * h, 2 * L)  # input and post-attention fused add+RMSNorm
+        add_elem("norms", "norm", 8 * h, (2, 0, 0))  # input and post-attention fused add+RMSNorm
         self.mla_mode = None
         if m.is_mla:
             self._setup_mla(add_gemm, add_elem)
         else:
-            add_gemm("qkv_proj", (H + 2 * Hk) * d, h, L)
-            add_gemm("o_proj", h, H * d, L)
-            add_elem("rope", "rope", 4 * (H + Hk) * d, L)
+            add_gemm("qkv_proj", (H + 2 * Hk) * d, h, _LAYER)
+            add_gemm("o_proj", h, H * d, _LAYER)
+            add_elem("rope", "rope", 4 * (H + Hk) * d, _LAYER)
             if m.qk_norm:
-                add_elem("qk_norm", "norm", 4 * (H + Hk) * d, L)
+                add_elem("qk_norm", "norm", 4 * (H + Hk) * d, _LAYER)
             self._setup_gqa_attention()
         ar, ar_src = self._allreduce_fn(p.tp)
-        n_ar = L + Ld + (Lm if p.ep == 1 else 0)  # after attention; after the MLP unless EP combines it
+        ar_where = (1, 1, 1 if p.ep == 1 else 0)  # after attention; after the MLP unless EP combines it
         if p.tp > 1:
-            tok.append(_TokOp("allreduce", "communication", n_ar, lambda T, S: ar(T * h * 2),
-                              lambda T, S: (0.0, ops.allreduce_bytes(T * h * 2, p.tp)), ar_src))
+            tok.append(_TokOp("allreduce", "communication", self._calls(ar_where), lambda T, S: ar(T * h * 2),
+                              lambda T, S: (0.0, ops.allreduce_bytes(T * h * 2, p.tp)), ar_src, where=ar_where))
         # ---- dense MLP layers
         i_r = m.intermediate_size // p.tp
-        add_gemm("gate_up_proj", 2 * i_r, h, Ld)
-        add_elem("act", "act", 6 * i_r, Ld)
-        add_gemm("down_proj", h, i_r, Ld)
+        add_gemm("gate_up_proj", 2 * i_r, h, _DENSE)
+        add_elem("act", "act", 6 * i_r, _DENSE)
+        add_gemm("down_proj", h, i_r, _DENSE)
         # ---- MoE layers
-        if Lm:
+        if self.L_moe:
             self._setup_moe(add_gemm, add_elem)
         # ---- per step
-        add_elem("embedding", "embedding", 4 * h, 1)
-        add_elem("final_norm", "norm", 4 * h, 1)
+        add_elem("embedding", "embedding", 4 * h, _FIRST)
+        add_elem("final_norm", "norm", 4 * h, _LAST)
         vocab = m.vocab_size // p.tp
-        add_gemm("lm_head", vocab, h, 1, group="head", dtype="bf16", m_of=lambda T, S: S)
+        add_gemm("lm_head", vocab, h, _LAST, group="head", dtype="bf16", m_of=lambda T, S: S)
         if p.tp > 1:
             tok.append(_TokOp("logits_gather", "communication", 1, lambda T, S: ar(S * m.vocab_size),
-                              lambda T, S: (0.0, S * m.vocab_size * 2.0), ar_src))
-        add_elem("sampler", "sampler", m.vocab_size * 4 * 3, 1, per="S")
+                              lambda T, S: (0.0, S * m.vocab_size * 2.0), ar_src, where=_LAST))
+        add_elem("sampler", "sampler", m.vocab_size * 4 * 3, _LAST, per="S")
         if p.pp > 1:
             sr, sr_src = self._sendrecv_fn()
-            tok.append(_TokOp("pp_sendrecv", "communication", p.pp - 1, lambda T, S: sr(T * h * 2),
-                              lambda T, S: (0.0, T * h * 2.0), sr_src))
+            tok.append(_TokOp("pp_sendrecv", "communication", self._calls(_BOUNDARY), lambda T, S: sr(T * h * 2),
+                              lambda T, S: (0.0, T * h * 2.0), sr_src, where=_BOUNDARY))
 
     def _setup_gqa_attention(self) -> None:
         m = self.model
         H, Hk, d = self.heads, self.kv_heads, m.head_dim
         self.attn_calls = self.L
-        self.pre_uniform = self.pre_hist = self.dec_grid = None
+        self.pre_uniform = self.pre_hist = self.pre_hist0 = self.dec_grid = None
         self.pre_src = self.dec_src = None
         if self.tables is not None:
             u, hgrid, h0, src = self.tables.attn_prefill(self.kvdtype, H, Hk, d)
@@ -338,15 +393,15 @@ class OperatorCostModel(CostModelBase):
             return
         # decomposed: projections as GEMMs, attention cores from curves / roofline
         self.mla_mode = "decomposed"
-        add_gemm("qkv_a_proj", (rq + r + rope) if rq else (r + rope), h, self.L)
+        add_gemm("qkv_a_proj", (rq + r + rope) if rq else (r + rope), h, _LAYER)
         if rq:
-            add_gemm("q_b_proj", H * (nope + rope), rq, self.L)
-            add_elem("q_kv_a_norms", "norm", 4 * (rq + r), self.L)
+            add_gemm("q_b_proj", H * (nope + rope), rq, _LAYER)
+            add_elem("q_kv_a_norms", "norm", 4 * (rq + r), _LAYER)
         else:
-            add_gemm("q_proj", H * (nope + rope), h, self.L)
-            add_elem("kv_a_norm", "norm", 4 * r, self.L)
-        add_gemm("o_proj", h, H * dv, self.L)
-        add_elem("rope", "rope", 4 * (H + 1) * rope, self.L)
+            add_gemm("q_proj", H * (nope + rope), h, _LAYER)
+            add_elem("kv_a_norm", "norm", 4 * r, _LAYER)
+        add_gemm("o_proj", h, H * dv, _LAYER)
+        add_elem("rope", "rope", 4 * (H + 1) * rope, _LAYER)
         self.kvb_fn, _, self.kvb_src = self._gemm_fn(H * (nope + dv), r)
         self.uk_fn, _, _ = self._gemm_fn(H * r, nope, "bf16")
         self.uv_fn, _, _ = self._gemm_fn(H * dv, r, "bf16")
@@ -359,9 +414,8 @@ class OperatorCostModel(CostModelBase):
         h, E, k = m.hidden_size, m.num_experts, m.experts_per_token
         i_full = m.moe_intermediate_size
         i_r = i_full // p.moe_tp
-        Lm = self.L_moe
         dp = p.dp if p.ep > 1 else 1
-        add_gemm("router", E, h, Lm, group="moe", dtype="bf16")
+        add_gemm("router", E, h, _MOE, group="moe", dtype="bf16")
         variant = self.gemm_variant if self.wdtype == "fp8" else "bf16"
         wb = 1.0 if self.wdtype == "fp8" else 2.0
         fn = src = None
@@ -390,13 +444,15 @@ class OperatorCostModel(CostModelBase):
                     return self._roof(F, B, e.gemm_compute, e.gemm_memory, peak) + 4 * e.kernel_launch_s
                 src = "roofline"
         imb = self.moe_imbalance
-        self.tok_ops.append(_TokOp("moe_experts", "moe", Lm, lambda T, S: imb * fn(T * dp) if T > 0 else 0.0,
-                                   lambda T, S: ops.moe_experts(T * dp, h, i_r, k, E, p.ep, wb, wb), src, kernels=6))
+        self.tok_ops.append(_TokOp("moe_experts", "moe", self._calls(_MOE),
+                                   lambda T, S: imb * fn(T * dp) if T > 0 else 0.0,
+                                   lambda T, S: ops.moe_experts(T * dp, h, i_r, k, E, p.ep, wb, wb), src, kernels=6,
+                                   where=_MOE))
         if m.num_shared_experts:
             i_s = m.num_shared_experts * i_full // p.tp
-            add_gemm("shared_gate_up", 2 * i_s, h, Lm, group="moe")
-            add_elem("shared_act", "act", 6 * i_s, Lm)
-            add_gemm("shared_down", h, i_s, Lm, group="moe")
+            add_gemm("shared_gate_up", 2 * i_s, h, _MOE, group="moe")
+            add_elem("shared_act", "act", 6 * i_s, _MOE)
+            add_gemm("shared_down", h, i_s, _MOE, group="moe")
         if p.ep > 1:
             remote = ops.expected_remote_ranks(k, p.ep)
             disp_b = 1.0 if self.wdtype == "fp8" else 2.0
@@ -405,9 +461,9 @@ class OperatorCostModel(CostModelBase):
 
             def a2a(T: int, S: int) -> float:
                 return 2 * lat + T * remote * h * (disp_b + 2.0) / bw if T > 0 else 0.0
-            self.tok_ops.append(_TokOp("ep_alltoall", "communication", Lm, a2a,
+            self.tok_ops.append(_TokOp("ep_alltoall", "communication", self._calls(_MOE), a2a,
                                        lambda T, S: (0.0, T * remote * h * (disp_b + 2.0)), "roofline (link)",
-                                       kernels=2))
+                                       kernels=2, where=_MOE))
 
     # ------------------------------------------------------------------------------------------ attention
     def _attention_layer(self, shape: BatchShape) -> tuple[float, float]:
@@ -473,7 +529,7 @@ class OperatorCostModel(CostModelBase):
             f, b = ops.attention_prefill(q, c, H, Hk, d_qk, d_v, kv_tok)
             F += f
             B += b
-        c_ = getattr(self, "pre_curve", None)
+        c_ = self.pre_curve
         if c_ is not None:
             n = len(qs)
             sq = sum(qs)
@@ -504,7 +560,7 @@ class OperatorCostModel(CostModelBase):
     def _gqa_dec(self, nd: int, ctx_sum: float) -> float:
         m = self.model
         F, B = ops.attention_decode(nd, ctx_sum, self.heads, m.head_dim, m.head_dim, self.kv_tok)
-        c = getattr(self, "dec_curve", None)
+        c = self.dec_curve
         if c is not None:
             return c.time(F, B, {"units": nd * self.heads, "head_dim": m.head_dim, "kv_len": ctx_sum / nd + 1,
                                  "kv_units": nd * self.kv_heads, "bytes": B, "batch": nd})
@@ -573,6 +629,56 @@ class OperatorCostModel(CostModelBase):
         if self.enforce_eager:
             t += extra + self._attn_extra(pre, dec) * self.attn_calls
         return t
+
+    def _stage_token_terms(self, T: int, S: int, stage_layers: tuple[int, ...]) -> list[float]:
+        """Seconds of the token-only operators (with the eager host-bound extra) on each pipeline stage; cached."""
+        key = (T, S, stage_layers)
+        hit = self._stage_cache.get(key)
+        if hit is not None:
+            return hit
+        counts = self._stage_counts(stage_layers)
+        out = [0.0] * len(stage_layers)
+        floor = self.cpu_launch_s if self.enforce_eager else 0.0
+        for op in self.tok_ops:
+            t = op.fn(T, S)
+            if floor and t < op.kernels * floor:
+                t = op.kernels * floor
+            for s, calls in enumerate(_stage_calls(op.where, counts)):
+                if calls:
+                    out[s] += t * calls
+        self._stage_cache[key] = out
+        return out
+
+    def stage_times(self, shape: BatchShape, stage_layers: Sequence[int]) -> list[float]:
+        """Seconds each pipeline stage spends on this micro-batch, stage order; they sum to :meth:`step_time` (up
+        to float rounding).
+
+        Every per-layer operator (norms, projections, attention, MLP or MoE, TP all-reduces) runs on the stage
+        that holds its layer, dense-MLP and MoE layers counted apart (the dense ones come first); the embedding runs
+        on the first stage, the final norm, LM head (and its logits gather) and sampler on the last; the PP
+        send/recv runs once per stage boundary, on the sending stage; the fixed step overhead (CPU) is on the first
+        stage, where the engine adds its own CPU time. One stage returns the step time itself.
+
+        Raises:
+            ValueError: ``stage_layers`` does not split this model's layers over its ``pp`` stages.
+        """
+        if len(stage_layers) == 1:
+            return [self.step_time(shape)]
+        layers = tuple(stage_layers)
+        if len(layers) != self.par.pp or sum(layers) != self.L:
+            raise ValueError(f"stage_times: stage layers {list(layers)} do not split {self.model.name}'s {self.L} "
+                             f"layers over the {self.par.pp} pipeline stages this cost model was built for")
+        if shape.num_tokens == 0:
+            return [self.eff.step_overhead_s] + [0.0] * (len(layers) - 1)
+        out = list(self._stage_token_terms(shape.dense_tokens, shape.num_seqs, layers))
+        pre, dec = self._attention_layer(shape)
+        attn = pre + dec
+        if self.enforce_eager:
+            attn += self._attn_extra(pre, dec)
+        for s, (n, _, _) in enumerate(self._stage_counts(layers)):
+            out[s] += attn * n
+        out[0] += self.eff.step_overhead_s
+        return out
 
     def breakdown(self, shape: BatchShape) -> dict[str, float]:
         """Seconds per operator over the whole step (all layers), plus ``overhead`` and, in eager mode,
@@ -656,10 +762,6 @@ def load_curves(path=None) -> CurveSet:
         FileNotFoundError: ``path`` does not exist.
         ValueError: not a coefficients file.
     """
-    import json
-    from importlib import resources
-    from pathlib import Path
-
     if path is None:
         res = resources.files("lab").joinpath("data/costmodel_coefficients.json")
         if not res.is_file():
@@ -675,15 +777,12 @@ def load_curves(path=None) -> CurveSet:
     return CurveSet.from_json(data, str(p))
 
 
-
 def build_operator_cost_model(exp, model: ModelArch, hw: Hardware) -> OperatorCostModel:
     """The operator cost model an experiment asks for (``cost_model.kind: operator``).
 
     Raises:
         FileNotFoundError / ValueError: a missing table folder or coefficients file, or a bad parallelism.
     """
-    from lab.costmodel.profiles import ProfileError
-
     c = exp.cost_model
     h = exp.hardware
     par = Parallelism(h.tensor_parallel_size, h.pipeline_parallel_size, h.expert_parallel_size, h.data_parallel_size)
@@ -694,14 +793,12 @@ def build_operator_cost_model(exp, model: ModelArch, hw: Hardware) -> OperatorCo
             if not p.exists():
                 raise FileNotFoundError(f"cost_model.tables: {p} does not exist")
         try:
-            from lab.costmodel.tables import load_tables
-
             tables = TableSet(load_tables(paths), hw.name)
         except ProfileError as e:
             raise ValueError(f"cost_model.tables: {e}") from None
     curves = load_curves(exp.path(c.coefficients, "cost_model.coefficients") if c.coefficients else None)
     over = {k: v for k, v in c.efficiency.model_dump().items() if v is not None}
-    kv_dtype = exp.model.dtype if exp.model.kv_cache_dtype == "auto" else exp.model.kv_cache_dtype
+    kv_dtype = resolve_kv_dtype(exp.model.dtype, exp.model.kv_cache_dtype)
     link = (h.link_gbps * 1e9) if h.link_gbps else None
     return OperatorCostModel(model, hw, par, weight_dtype=exp.model.dtype, kv_dtype=kv_dtype, tables=tables,
                              curves=curves, efficiency=Efficiency(**over), link_bandwidth=link,

@@ -28,8 +28,6 @@ DeepSeek-V2 §2.1 and FlashMLA for MLA, NCCL's ring algorithm for collectives):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 ACT_BYTES = 2  # bf16 activations
@@ -99,11 +97,6 @@ def moe_experts(tokens: float, hidden: int, inter: int, top_k: int, num_experts:
     return flops, byts
 
 
-def elementwise(elements_in: float, elements_out: float, in_bytes: float = 2, out_bytes: float = 2) -> tuple[float, float]:
-    """A memory-bound kernel: (0 FLOPs-relevant, bytes read + written)."""
-    return elements_in + elements_out, elements_in * in_bytes + elements_out * out_bytes
-
-
 def allreduce_bytes(byts: float, n: int) -> float:
     """Bytes each GPU sends (and receives) in a ring all-reduce of ``byts`` over ``n`` GPUs."""
     return 0.0 if n <= 1 else 2.0 * (n - 1) / n * byts
@@ -115,17 +108,3 @@ def expected_remote_ranks(top_k: int, ep: int) -> float:
         return 0.0
     distinct = ep * (1.0 - (1.0 - 1.0 / ep) ** top_k)
     return distinct * (ep - 1) / ep
-
-
-@dataclass(frozen=True)
-class GemmShape:
-    """A weight GEMM of a layer on one GPU: ``name`` with ``k`` inputs and ``n`` outputs per token.
-
-    ``tokens`` says which token count drives it: ``"step"`` (every token of the step), ``"seq"`` (one per
-    sequence, the LM head) or ``"moe"`` (tokens entering the MoE block).
-    """
-
-    name: str
-    n: int
-    k: int
-    tokens: str = "step"

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lab.costmodel.model_arch import load_model
 from lab.costmodel.profiles import Observations, write_servelab
 
 
@@ -35,8 +36,11 @@ class ProfilerUnavailable(RuntimeError):
 
 
 def _torch():
+    """The ``torch`` module, or ProfilerUnavailable with the install command."""
+    # Imported here, on use, and not at the top of the module: PyTorch is an optional extra (servelab[profile]) and
+    # a heavy import, so importing this module (e.g. for the CLI) must work, and stay fast, without it.
     try:
-        import torch  # noqa: PLC0415 - optional dependency, imported on use
+        import torch  # noqa: PLC0415 - optional heavy dependency, see above
     except ImportError:
         raise ProfilerUnavailable("servelab profile needs PyTorch, which is an optional extra: "
                                   "pip install 'servelab[profile]' (or the torch build for your CUDA version)") from None
@@ -105,8 +109,6 @@ def run_profile(out: Path, device: str = "cuda", dtype: str = "bf16", model: str
         raise ValueError(f"--dtype {dtype!r}: expected bf16 or fp16")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ProfilerUnavailable(f"--device {device}: PyTorch sees no CUDA device (use --device cpu for a smoke test)")
-    from lab.costmodel.model_arch import load_model
-
     arch = load_model(model) if model else None
     tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
     dev = torch.device(device)

@@ -166,14 +166,6 @@ def write_servelab(obs: Observations, folder: Path, meta: dict) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------------------ AIConfigurator
-def read_aiconfigurator(folder: Path) -> Observations:
-    """An AIConfigurator perf_db GPU folder (``.../perf_db/h100_sxm``): every known parquet under it."""
-    obs = Observations()
-    for p in sorted(folder.rglob("*.parquet")):
-        obs.extend(read_aiconfigurator_file(p))
-    return obs
-
-
 def read_aiconfigurator_file(p: Path) -> Observations:
     """One AIConfigurator parquet table (GEMM, attention, MLA module, MoE or custom all-reduce; latency in ms)."""
     obs = Observations()

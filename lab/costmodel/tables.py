@@ -9,7 +9,7 @@ dimensions (a GEMM's n and k, an attention's heads and head dim, an MoE's config
 covered: the operator cost model then falls back to a fitted curve or the roofline.
 
 Lookups (built per GPU by :class:`TableSet`; when several profile families cover the same key the
-highest-priority one wins, see lab/costmodel/fit.py ``FAMILY_PRIORITY``):
+highest-priority one wins, see lab/costmodel/families.py ``FAMILY_PRIORITY``):
 
 * GEMM: time over ``m`` for each measured ``(dtype, n, k)``; an ``(n, k)`` between measured ones is interpolated
   bilinearly in (log n, log k) from the four surrounding measured pairs when the table is a full grid (AIConfigurator);
@@ -32,7 +32,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lab.costmodel.profiles import Observations
+from lab.costmodel.families import FAMILY_PRIORITY, drop_impossible, family_of
+from lab.costmodel.model_arch import ModelArch, load_model
+from lab.costmodel.profiles import Observations, read_profiles
 
 
 class Curve1D:
@@ -176,8 +178,6 @@ class GemmTable:
 
 def _best_family(df: pd.DataFrame) -> pd.DataFrame:
     """Keep the rows of the highest-priority profile family present."""
-    from lab.costmodel.fit import FAMILY_PRIORITY, family_of
-
     if df.empty:
         return df
     fam = df["source"].map(family_of)
@@ -198,8 +198,6 @@ class TableSet:
     def __init__(self, obs: Observations, gpu: str) -> None:
         self.gpu = gpu
         self.obs = obs.only(gpu=gpu)
-        from lab.costmodel.fit import FAMILY_PRIORITY, family_of
-
         self._gemm: dict[str, list[GemmTable]] = {}
         g = self.obs.get("gemm")
         fam = g["source"].map(family_of) if len(g) else pd.Series(dtype=str)
@@ -250,11 +248,9 @@ class TableSet:
             return None, None
         return Grid2D(d["batch"], d["kv_len"] + 1, d["time_s"]), str(d["source"].iloc[0]).split(":")[0]
 
-    def mla(self, phase: str, model, dtype: str, kv_dtype: str, heads: int):
+    def mla(self, phase: str, model: ModelArch, dtype: str, kv_dtype: str, heads: int):
         """(grid (batch, q_len | kv_len+1), source) for an MLA module of a model with the same MLA dimensions
         (hidden, q/kv LoRA ranks, head dims) as ``model``, or (None, None)."""
-        from lab.costmodel.model_arch import load_model
-
         cls = "mla_prefill" if phase == "prefill" else "mla_decode"
         d = self.obs.get(cls)
         dims = lambda a: (a.hidden_size, a.q_lora_rank, a.kv_lora_rank, a.qk_rope_head_dim, a.qk_nope_head_dim,  # noqa: E731
@@ -295,12 +291,11 @@ class TableSet:
         return None, None
 
     def sendrecv(self):
+        """(callable bytes -> s, source) for a pipeline-stage send/recv, or (None, None)."""
         d = _best_family(self.obs.get("sendrecv"))
         if len(d) < 2:
             return None, None
         return Curve1D(d["bytes"], d["time_s"]), str(d["source"].iloc[0]).split(":")[0]
-
-
 
 
 def interpolation_holdout(cls: str, df: pd.DataFrame, test: np.ndarray) -> tuple[float, int] | None:
@@ -370,8 +365,5 @@ def interpolation_holdout(cls: str, df: pd.DataFrame, test: np.ndarray) -> tuple
 
 def load_tables(paths: list[str | Path]) -> Observations:
     """Read profile folders for the cost model, dropping tables that contradict the roofline
-    (lab/costmodel/fit.py ``drop_impossible``)."""
-    from lab.costmodel.fit import drop_impossible
-    from lab.costmodel.profiles import read_profiles
-
+    (lab/costmodel/families.py ``drop_impossible``)."""
     return drop_impossible(read_profiles(paths))

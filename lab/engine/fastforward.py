@@ -23,9 +23,10 @@ from itertools import accumulate
 
 import numpy as np
 
-from lab.core.batch import BatchShape
+from lab.core.batch import BatchShape, padded_size, padded_size_table
 from lab.core.kv_cache import unique_content
 from lab.core.request import RequestStatus
+from lab.core.step import ScheduledStep
 
 # Longest jump planned at once (bounds the planning work wasted when an arrival interrupts it).
 MAX_JUMP_STEPS = 4096
@@ -69,17 +70,19 @@ def steady_batch(inst) -> bool:
     return True
 
 
-def plan(inst, stop_time: float) -> Plan | None:
-    """Plan a jump from now, or return None when fewer than two steps qualify."""
-    env_now = inst.env.now
+def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
+    """Plan a jump from now, or return None when fewer than two steps qualify. ``first``: under async scheduling,
+    the step in flight (it executes as the jump's step 0)."""
+    env_now = inst.now
     running = inst.running
     kv = inst.kv
     bs = kv.block_size
     async_ = inst.async_scheduling
-    first = inst._inflight if async_ else None
     if async_:
-        if first is None or first.reqs != running or not all(first.samples):
+        if first is None or first.requests != running or not all(first.samples):
             return None
+    else:
+        first = None
     waiting = bool(inst.waiting)
     caching = kv.enable_prefix_caching
     C0 = []
@@ -106,7 +109,7 @@ def plan(inst, stop_time: float) -> Plan | None:
             return None
         C0.append(c)
         O0.append(o)
-        rem.append(r.max_tokens - o - p)
+        rem.append(r.stop_at - o - p)
     # Request i finishes at the output of step f_i: sync rem-1, async rem (step 0 is the one in flight).
     fin = [m if async_ else m - 1 for m in rem]
     # k schedules: no schedule without participants; with requests waiting, stop right after the first completion
@@ -129,7 +132,7 @@ def plan(inst, stop_time: float) -> Plan | None:
     suffix = np.array([list(accumulate(rev))[::-1] + [0], list(accumulate(rev, max))[::-1] + [0],
                        list(accumulate(rev, min))[::-1] + [0]], dtype=np.int64)
     rem_sorted = np.array([rem[i] for i in order])
-    pad_table = _pad_table(inst)
+    pad_table = _pad_table(opt.cudagraph_sizes, max(inst.config.max_num_seqs, inst.config.max_num_batched_tokens))
     cost = inst.cost_model
     cpu_terms = opt.cpu_base_s or opt.cpu_per_seq_s or opt.cpu_per_token_s
     kk = min(k, 64)  # grow in chunks until the expected arrival: a short jump costs little to plan
@@ -215,18 +218,16 @@ def plan(inst, stop_time: float) -> Plan | None:
     return p
 
 
-def _pad_table(inst) -> np.ndarray:
-    """Padded token count of a pure-decode step by its batch size (0 = above the largest CUDA-graph size)."""
-    t = getattr(inst, "_ff_pad_table", None)
+_PAD_TABLES: dict[tuple, np.ndarray] = {}
+
+
+def _pad_table(sizes: tuple[int, ...], top: int) -> np.ndarray:
+    """Padded token count of a pure-decode step by its batch size 0..top+1 (0 = above the largest CUDA-graph size),
+    built once per (sizes, top)."""
+    key = (sizes, top)
+    t = _PAD_TABLES.get(key)
     if t is None:
-        sizes = inst.options.cudagraph_sizes
-        top = max(inst.config.max_num_seqs, inst.config.max_num_batched_tokens) + 1
-        t = np.zeros(top + 1, dtype=np.int64)
-        if sizes:
-            b = np.arange(top + 1)
-            sz = np.asarray(sizes)
-            t = np.where(b <= sizes[-1], sz[np.minimum(np.searchsorted(sz, b), len(sz) - 1)], 0)
-        inst._ff_pad_table = t
+        t = _PAD_TABLES[key] = padded_size_table(sizes, top + 1)
     return t
 
 
@@ -249,36 +250,34 @@ def _block_events(C0: list[int], rem: list[int], k: int, bs: int, async_: bool, 
 
 def decode_times(cost, counts, dsum, dmax, dmin, padded, ctx_by_rem: list[int]) -> np.ndarray:
     """Times of planned pure-decode steps j = 0..k-1 (per step: decodes, Σ contexts, context range, padded tokens).
-    Uses the cost model's vectorised ``decode_times`` when it has one; otherwise builds each step's shape (the
-    participants of step j are the requests, in rem order, from the first with rem > j) and calls ``step_time``."""
-    fn = getattr(cost, "decode_times", None)
-    if fn is not None:
-        return np.asarray(fn(counts, dsum, dmax, dmin, padded), dtype=float)
+    Uses the cost model's vectorised ``decode_times`` (lab/costmodel/base.py) when it gives one; otherwise builds
+    each step's shape (the participants of step j are the requests, in rem order, from the first with rem > j) and
+    calls ``step_time``."""
+    times = cost.decode_times(counts, dsum, dmax, dmin, padded)
+    if times is not None:
+        return np.asarray(times, dtype=float)
     k = len(counts)
     out = np.empty(k)
     n = len(ctx_by_rem)
     for j in range(k):
         part = [c + j for c in ctx_by_rem[n - int(counts[j]):]]
-        sh = BatchShape.decode_only(part, 0, int(dsum[j]), int(dmax[j]), int(dmin[j]))
+        sh = BatchShape.decode_only(part, int(dsum[j]), int(dmax[j]), int(dmin[j]))
         sh.padded_tokens = int(padded[j])
         out[j] = cost.step_time(sh)
     return out
 
 
-def step_for(plan: Plan, j: int):
+def step_for(plan: Plan, j: int) -> ScheduledStep:
     """The engine's step object for planned schedule ``j`` (scheduled at its planned time)."""
-    from lab.engine.instance import _Step
-
     idx = [i for i, m in enumerate(plan.rem) if m > j]
     reqs = [plan.reqs[i] for i in idx]
     ctx = [plan.C0[i] + j for i in idx]
     B = len(reqs)
-    shape = BatchShape.decode_only(ctx, 0, sum(ctx), max(ctx), min(ctx))
-    sizes = plan.sizes
-    shape.padded_tokens = sizes[bisect_left(sizes, B)] if sizes and B <= sizes[-1] else 0
+    shape = BatchShape.decode_only(ctx, sum(ctx), max(ctx), min(ctx))
+    shape.padded_tokens = padded_size(plan.sizes, B)
     at = plan.start if j == 0 else plan.ends_l[j - 1]
     used = plan.used[j] if j < len(plan.used) else 0
-    return _Step(reqs, [1] * B, [True] * B, shape, float(plan.dts[j]), at, used, 0)
+    return ScheduledStep(reqs, [1] * B, [True] * B, shape, [float(plan.dts[j])], at, used, 0)
 
 
 def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
@@ -303,7 +302,7 @@ def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
         c = plan.C0[i] + sched
         r.num_computed_tokens = c
         r.num_output_tokens = plan.O0[i] + out
-        r.num_output_placeholders = in_flight
+        r.num_output_placeholders = in_flight if async_ else 0
         r.inflight_tokens = in_flight
         if cu[i]:
             # full blocks registered by the last schedule: min(C, num_tokens at that schedule) // block_size
@@ -377,7 +376,7 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         first = plan.first
         end = plan.ends_l[0]
         sh = first.shape
-        B = len(first.reqs)
+        B = len(first.requests)
         if B - plan.new_first:
             inst.itl.add(end - plan.start, B - plan.new_first)
         if plan.new_first:
@@ -388,7 +387,8 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
                         r.events.append((end, "first_token"))
         _finishes(inst, plan, 0, n_sched)
         steps.append(plan.start, first.dt, sh.num_tokens, sh.num_tokens - sh.num_decodes, sh.num_decodes,
-                     sh.num_seqs, first.used_blocks, len(inst.running), nw, first.num_preempted, B, first.xfer)
+                     sh.num_seqs, first.used_blocks, len(inst.running), nw, first.num_preempted, B, first.transfer_s,
+                     first.busy_s)
         inst.busy_time += first.dt
         q = 1
     if q >= q1:
@@ -420,7 +420,7 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         _finishes(inst, plan, q, n_sched)
         u = plan.used[j]
         d = float(plan.dts[j])
-        steps.append(start, d, B, 0, B, B, u, len(inst.running), nw, 0, B, 0.0)
+        steps.append(start, d, B, 0, B, B, u, len(inst.running), nw, 0, B, 0.0, d)
         inst.busy_time += d
 
 
@@ -438,16 +438,7 @@ def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
     end = plan.ends_l[q]
     _sync_counters(plan, done, n_sched, q + 1)
     for i in done:
-        r = plan.reqs[i]
-        r.status = RequestStatus.FINISHED
-        r.finish_time = end
-        r.num_output_placeholders = 0
-        r.inflight_tokens = 0
-        kv.free(r, finished=True)
-        if r.events is not None:
-            r.events.append((end, "finished"))
-        if inst.on_done:
-            inst.on_done(r)
+        inst.complete(plan.reqs[i], end)
     inst.running = [r for r in inst.running if r.status == RequestStatus.RUNNING]
     if plan.num_waiting:
         inst.steady = False

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from lab.experiment.paths import default_data_dir, expand_path
+from policies import PolicyError, check_router, check_scheduler
 
 
 class ConfigError(ValueError):
@@ -99,6 +100,9 @@ class HardwareConfig(_Strict):
     pipeline_parallel_size: int = Field(1, ge=1, description="pipeline stages per instance")
     expert_parallel_size: int = Field(1, ge=1, description="GPUs the MoE experts are split over (= TP x DP)")
     data_parallel_size: int = Field(1, ge=1, description="attention DP ranks sharing the experts; one instance each")
+    data_parallel_lock_step: bool | None = Field(
+        None, description="DP ranks step together (slowest rank sets the pace, idle ranks run a dummy batch); "
+        "default: on with expert parallelism (data_parallel_size > 1 and expert_parallel_size > 1), as vLLM does")
     link_gbps: float | None = Field(None, gt=0, description="override the catalog's per-GPU link bandwidth (GB/s)")
     link_latency_us: float = Field(10.0, ge=0, description="collective latency per call (µs)")
 
@@ -185,8 +189,31 @@ class EfficiencyConfig(_Strict):
     step_overhead_s: float | None = Field(None, ge=0)
 
 
+class HandOffConfig(_Strict):
+    """Where a pool's requests go next, with their computed state (lab/cluster/cluster.py)."""
+
+    to: str = Field(description="name of the target pool")
+    after_output_tokens: int = Field(1, ge=1, description="output tokens produced in this pool before leaving")
+    delay_s: float = Field(0.0, ge=0, description="seconds between leaving this pool and arriving in the next")
+
+
+class PoolConfig(_Strict):
+    """One pool of a multi-pool deployment: its instance count, where its requests go next, and the experiment
+    sections it changes (each is merged over the experiment's own section of that name)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    num_instances: int = Field(1, ge=1)
+    hand_off: HandOffConfig | None = None
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    engine: dict[str, Any] = Field(default_factory=dict)
+    policy: dict[str, Any] = Field(default_factory=dict)
+    cost_model: dict[str, Any] = Field(default_factory=dict)
+    router: str | None = Field(None, description="router among this pool's instances (default: cluster.router)")
+    router_options: dict[str, Any] | None = None
+
+
 class ClusterConfig(_Strict):
-    """Several identical instances behind a router."""
+    """Several identical instances behind a router (one pool; ``pools`` describes several)."""
 
     num_instances: int = Field(1, ge=1)
     router: str = "round_robin"
@@ -262,6 +289,7 @@ class Experiment(_Strict):
     engine: EngineConfig = EngineConfig()
     policy: PolicyConfig = PolicyConfig()
     cluster: ClusterConfig = ClusterConfig()
+    pools: list[PoolConfig] | None = None
     cost_model: CostModelConfig = CostModelConfig()
     simulation: SimulationConfig = SimulationConfig()
     validation: ValidationConfig | None = None
@@ -287,6 +315,21 @@ class Experiment(_Strict):
         if (pp > 1 or ep > 1) and self.cost_model.kind != "operator":
             raise ValueError("hardware.pipeline_parallel_size / expert_parallel_size > 1 need cost_model.kind "
                              "'operator' (the roofline and LLMServingSim models know only TP)")
+        return self
+
+    @model_validator(mode="after")
+    def _pool_names(self) -> "Experiment":
+        if self.pools:
+            names = [p.name for p in self.pools]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"pools: duplicate pool name(s) {dup}")
+            for i, p in enumerate(self.pools):
+                if p.hand_off is not None and p.hand_off.to not in names:
+                    raise ValueError(f"pools[{i}].hand_off.to: unknown pool {p.hand_off.to!r}; pools: "
+                                     f"{', '.join(names)}")
+                if p.hand_off is not None and p.hand_off.to == p.name:
+                    raise ValueError(f"pools[{i}].hand_off.to: a pool cannot hand off to itself")
         return self
 
     # Set by load_experiment: where relative paths resolve.
@@ -337,6 +380,38 @@ def parse_experiment(data: dict, source: str = "<experiment>", base_dir: Path | 
     return exp
 
 
+def pool_experiments(exp: Experiment) -> list[tuple[PoolConfig | None, Experiment]]:
+    """The experiment as seen by each pool: its sections with the pool's changes merged in, validated, with the
+    pool's instance count in ``cluster.num_instances``. Without ``pools``: one entry, ``(None, exp)``.
+
+    Raises:
+        ConfigError: a pool's merged sections are invalid (the message names the pool and the field).
+    """
+    if not exp.pools:
+        return [(None, exp)]
+    base = exp.model_dump(exclude={"pools"})
+    out: list[tuple[PoolConfig | None, Experiment]] = []
+    for i, pool in enumerate(exp.pools):
+        data = dict(base)
+        for section in ("hardware", "engine", "policy", "cost_model"):
+            data[section] = deep_merge(base[section], getattr(pool, section))
+        cluster = dict(base["cluster"], num_instances=pool.num_instances)
+        if pool.router is not None:
+            cluster["router"] = pool.router
+        if pool.router_options is not None:
+            cluster["router_options"] = pool.router_options
+        data["cluster"] = cluster
+        try:
+            sub = Experiment.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(_format_errors(f"{exp.source} [pools[{i}] {pool.name}]", e)) from None
+        sub.base_dir = exp.base_dir
+        sub._source = f"{exp.source} [pools[{i}] {pool.name}]"
+        sub.resolved_data_dir = exp.resolved_data_dir
+        out.append((pool, sub))
+    return out
+
+
 def check_policies(exp: Experiment, source: str) -> None:
     """Resolve the scheduler and router names (or user files) and validate their options now, so a typo or a
     broken policy file fails at load time with the experiment file named.
@@ -344,13 +419,14 @@ def check_policies(exp: Experiment, source: str) -> None:
     Raises:
         ConfigError: unknown name, unloadable file, or bad options.
     """
-    from policies import PolicyError, check_router, check_scheduler  # lazy: policies sit beside the engine
-
     try:
         check_scheduler(exp.policy.scheduler, exp.base_dir, exp.policy.options)
         check_router(exp.cluster.router, exp.base_dir, exp.cluster.router_options)
     except PolicyError as e:
         raise ConfigError(f"{source}: {e}") from None
+    if exp.pools:
+        for _, sub in pool_experiments(exp):
+            check_policies(sub, sub.source)
 
 
 def load_experiment(path: str | Path, data_dir: str | Path | None = None,

@@ -6,19 +6,24 @@ import gc
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import simpy
 
-from lab.experiment.config import Experiment
+from lab.cluster.cluster import Cluster, HandOff, Pool
+from lab.cluster.lockstep import LockStepGroup
+from lab.experiment.config import Experiment, pool_experiments
 from lab.costmodel.base import CostModel
 from lab.costmodel.hardware import Hardware, load_hardware
 from lab.costmodel.kv_capacity import KVCapacity, derive_num_gpu_blocks
 from lab.costmodel.llmservingsim import LLMServingSimProfileCostModel
 from lab.costmodel.model_arch import ModelArch, load_model
+from lab.costmodel.operator import build_operator_cost_model
+from lab.costmodel.parallel import Parallelism
 from lab.costmodel.roofline import Efficiency, RooflineCostModel
-from lab.engine.instance import EngineOptions, Instance, StepLog
+from lab.core.step_log import StepLog
+from lab.engine.instance import EngineOptions, Instance
 from lab.core.kv_cache import KVCacheManager
 from lab.core.samples import WeightedSamples
 from lab.core.request import Request, RequestStatus
@@ -74,6 +79,9 @@ class SimResult:
     sim_end: float
     wall_time_s: float
     info: dict = field(default_factory=dict)
+    pools: list = field(default_factory=list)  # (pool name, Deployment), configuration order
+    groups: list = field(default_factory=list)  # lock-step groups of DP ranks
+    cluster: object = None
 
 
 class _RouterView:
@@ -193,9 +201,24 @@ def build_deployment(exp: Experiment) -> Deployment:
     if e.cudagraph:
         sizes = tuple(sorted(e.cudagraph_capture_sizes)) if e.cudagraph_capture_sizes else default_capture_sizes(max_num_seqs)
     c = e.cpu_overhead
-    options = EngineOptions(async_scheduling=pick("async_scheduling"), cpu_base_s=c.base_s,
-                            cpu_per_seq_s=c.per_seq_s, cpu_per_token_s=c.per_token_s, cudagraph_sizes=sizes)
+    h = exp.hardware
+    stages = tuple(Parallelism(pp=h.pipeline_parallel_size).stage_layers(model.num_layers)) \
+        if h.pipeline_parallel_size > 1 else ()
+    options = EngineOptions(async_scheduling=pick("async_scheduling") and not lock_step(exp), cpu_base_s=c.base_s,
+                            cpu_per_seq_s=c.per_seq_s, cpu_per_token_s=c.per_token_s, cudagraph_sizes=sizes,
+                            stage_layers=stages)
     return Deployment(model, hw, sched, blocks, capacity, cost, options, ver["prepend_unhashed"], derived)
+
+
+def lock_step(exp: Experiment) -> bool:
+    """Whether the experiment's DP ranks step together: ``hardware.data_parallel_lock_step``, by default on when
+    attention DP is combined with expert parallelism (vLLM's DP + EP; lab/cluster/lockstep.py)."""
+    h = exp.hardware
+    if h.data_parallel_size == 1:
+        return False
+    if h.data_parallel_lock_step is not None:
+        return h.data_parallel_lock_step
+    return h.expert_parallel_size > 1
 
 
 def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware) -> CostModel:
@@ -208,8 +231,6 @@ def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware) -> CostMod
                                              link_bandwidth=link, link_latency_s=exp.hardware.link_latency_us * 1e-6,
                                              use_skew=c.use_skew)
     if c.kind == "operator":
-        from lab.costmodel.operator import build_operator_cost_model
-
         return build_operator_cost_model(exp, model, hw)
     over = {k: v for k, v in c.efficiency.model_dump().items() if v is not None}
     eff = Efficiency(**over)
@@ -225,9 +246,14 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         exp: the validated experiment.
         requests: use these instead of building the workload (tests).
         progress: called as ``progress(done, total)`` when requests finish or are rejected.
+        record_breakdown: keep each step's cost breakdown (``servelab validate``).
+
+    Raises:
+        ValueError: a model that does not fit, a bad profile folder, an unknown catalog name.
+        lab.core.sched_api.SchedulerContractError: a scheduler broke the contract during the run.
     """
     t0 = time.perf_counter()
-    dep = build_deployment(exp)
+    pools = [(cfg, sub, build_deployment(sub)) for cfg, sub in pool_experiments(exp)]
     reqs = requests if requests is not None else build_requests(exp)
     env = simpy.Environment()
     itl = WeightedSamples()
@@ -239,59 +265,91 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         if progress is not None:
             progress(done[0], total)
 
-    e = exp.engine
-    options = dep.engine_options
-    if record_breakdown or not exp.simulation.fast_forward:
-        options = EngineOptions(**{**options.__dict__, "record_breakdown": record_breakdown,
-                                   "fast_forward": exp.simulation.fast_forward})
-    horizon = exp.simulation.horizon_s
-    jumping: set = set()
     big = len(reqs) > 200_000
-    record_events = exp.simulation.record_events if exp.simulation.record_events is not None else not big
-    spill = exp.simulation.step_log == "spill" or (exp.simulation.step_log == "auto" and big)
-    spill_dir = tempfile.mkdtemp(prefix="servelab_steps_") if spill else None
-    instances = []
-    for i in range(exp.cluster.num_instances):
-        kv = KVCacheManager(dep.num_gpu_blocks, e.block_size, dep.scheduler_config.max_model_len,
-                            enable_prefix_caching=e.enable_prefix_caching,
-                            prepend_unhashed=dep.prepend_unhashed)
-        scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir, exp.policy.options, exp.seed)
-        inst = Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
-                        record_events=record_events, options=options)
-        if exp.policy.preemption.mode == "swap":  # KV bytes cross the host link both ways
-            kv_dtype = exp.model.dtype if exp.model.kv_cache_dtype == "auto" else exp.model.kv_cache_dtype
-            inst.configure_swap(dep.model.kv_bytes_per_token(kv_dtype, exp.hardware.tensor_parallel_size),
-                                dep.hardware.pcie_bandwidth, exp.policy.preemption.swap_space_gb * 2**30)
-        if spill_dir:
-            inst.steps = StepLog(i, dep.num_gpu_blocks - 1, os.path.join(spill_dir, f"steps_{i}.parquet"))
-        inst.stop_time = horizon if horizon else float("inf")
-        inst.jumping = jumping
-        instances.append(inst)
-    router = make_router(exp.cluster.router, exp.base_dir, exp.cluster.router_options, exp.seed)
+    sim = exp.simulation
+    run = _RunSettings(
+        record_events=sim.record_events if sim.record_events is not None else not big,
+        spill_dir=tempfile.mkdtemp(prefix="servelab_steps_") if sim.step_log == "spill" or (
+            sim.step_log == "auto" and big) else None,
+        record_breakdown=record_breakdown, horizon=sim.horizon_s)
+    instances: list[Instance] = []
+    built: list[Pool] = []
+    groups: list[LockStepGroup] = []
+    for cfg, sub, dep in pools:
+        name = cfg.name if cfg is not None else ""
+        members = _build_instances(env, sub, dep, run, itl, on_done, len(instances), name)
+        if lock_step(sub):
+            dp = sub.hardware.data_parallel_size
+            groups += [LockStepGroup(env, members[i:i + dp]) for i in range(0, len(members), dp)]
+        instances += members
+        router = make_router(sub.cluster.router, sub.base_dir, sub.cluster.router_options, sub.seed)
+        rule = cfg.hand_off if cfg is not None else None
+        built.append(Pool(name, members, router, HandOff(rule.to, rule.after_output_tokens, rule.delay_s)
+                          if rule is not None else None))
+    cluster = Cluster(env, built, _RouterView)
+    entry = cluster.entry_instances
     nxt = [0.0]
-    n_inst = len(instances)
-    if n_inst == 1:
+    if len(entry) == 1 and len(instances) == 1:
         instances[0].arrival_hint = lambda: nxt[0]
     else:
         for inst in instances:
             inst.arrival_hint = inst.expected_next_arrival
 
-    views = [_RouterView(i) for i in instances]
-
     def arrivals():
-        single = instances[0] if len(instances) == 1 else None
         for r in reqs:
             nxt[0] = r.arrival_time
             dt = r.arrival_time - env.now
             if dt > 0:
                 yield env.timeout(dt)
-            if single is not None:
-                single.add_request(r)
-            else:
-                instances[router.route(r, views, env.now)].add_request(r)
+            cluster.arrive(r)
         nxt[0] = float("inf")
 
     env.process(arrivals())
+    _run_env(env, run.horizon)
+    _mark_unfinished(reqs, run.horizon)
+    return SimResult(exp, pools[0][2], reqs, instances, itl, float(env.now), time.perf_counter() - t0,
+                     pools=[(cfg.name if cfg is not None else "", dep) for cfg, _, dep in pools], groups=groups,
+                     cluster=cluster)
+
+
+@dataclass(frozen=True)
+class _RunSettings:
+    record_events: bool
+    spill_dir: str | None
+    record_breakdown: bool
+    horizon: float | None
+
+
+def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, run: _RunSettings,
+                     itl: WeightedSamples, on_done: Callable[[Request], None], first_id: int,
+                     pool: str) -> list[Instance]:
+    """The instances of one pool, numbered from ``first_id``."""
+    e = exp.engine
+    options = dep.engine_options
+    if run.record_breakdown or not exp.simulation.fast_forward:
+        options = replace(options, record_breakdown=run.record_breakdown, fast_forward=exp.simulation.fast_forward)
+    own_loop = not lock_step(exp)
+    out = []
+    for i in range(first_id, first_id + exp.cluster.num_instances):
+        kv = KVCacheManager(dep.num_gpu_blocks, e.block_size, dep.scheduler_config.max_model_len,
+                            enable_prefix_caching=e.enable_prefix_caching,
+                            prepend_unhashed=dep.prepend_unhashed)
+        scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir, exp.policy.options, exp.seed)
+        inst = Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
+                        record_events=run.record_events, options=options, pool=pool, start=own_loop)
+        if exp.policy.preemption.mode == "swap":  # KV bytes cross the host link both ways
+            kv_dtype = exp.model.dtype if exp.model.kv_cache_dtype == "auto" else exp.model.kv_cache_dtype
+            inst.configure_swap(dep.model.kv_bytes_per_token(kv_dtype, exp.hardware.tensor_parallel_size),
+                                dep.hardware.pcie_bandwidth, exp.policy.preemption.swap_space_gb * 2**30)
+        if run.spill_dir:
+            inst.steps = StepLog(i, dep.num_gpu_blocks - 1, os.path.join(run.spill_dir, f"steps_{i}.parquet"),
+                                 num_slots=inst.window.depth)
+        inst.stop_time = run.horizon if run.horizon else float("inf")
+        out.append(inst)
+    return out
+
+
+def _run_env(env: simpy.Environment, horizon: float | None) -> None:
     # The run allocates many small objects and holds a large, stable set (requests, KV blocks): move what exists
     # now out of the cyclic collector's way and collect less often, or collection time grows with the run.
     gc.freeze()
@@ -302,6 +360,10 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
+
+
+def _mark_unfinished(reqs: list[Request], horizon: float | None) -> None:
+    """Give every request that neither finished nor was rejected its reason."""
     for r in reqs:
         if r.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED):
             if r.reason:
@@ -312,4 +374,3 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
                 r.reason = "arrives after the horizon"
             else:
                 r.reason = "still waiting at the horizon"
-    return SimResult(exp, dep, reqs, instances, itl, float(env.now), time.perf_counter() - t0)

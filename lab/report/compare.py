@@ -22,6 +22,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lab.experiment.config import ConfigError, _format_errors, deep_merge, parse_experiment, read_yaml
+from lab.report.metrics import latency_samples
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
 
@@ -129,14 +130,11 @@ def _run_one(run: Run, out_dir: str) -> dict:
     result = simulate(exp)
     d = Path(out_dir) / run.group / run.trace / run.variant
     summary = write_report(result, d, plots=False)
-    fin = [r for r in result.requests if r.finish_time is not None and r.first_token_time is not None]
-    ttft = np.array([r.first_token_time - r.arrival_time for r in fin])
-    e2el = np.array([r.finish_time - r.arrival_time for r in fin])
-    tpot = np.array([(r.finish_time - r.first_token_time) / (r.max_tokens - 1) for r in fin if r.max_tokens > 1])
-    pre = [r.finish_time - r.arrival_time for r in fin if r.num_preemptions]
+    lat = latency_samples(result.requests)
+    pre = latency_samples([r for r in result.requests if r.num_preemptions])["e2el"]  # finished, preempted
     return {"group": run.group, "trace": run.trace, "variant": run.variant, "summary": summary,
-            "wall_s": time.perf_counter() - t0, "ttft": ttft, "tpot": tpot, "e2el": e2el,
-            "preempted_requests": len(pre), "preempted_e2el_mean": float(np.mean(pre)) if pre else None}
+            "wall_s": time.perf_counter() - t0, "ttft": lat["ttft"], "tpot": lat["tpot"], "e2el": lat["e2el"],
+            "preempted_requests": len(pre), "preempted_e2el_mean": float(np.mean(pre)) if len(pre) else None}
 
 
 def run_comparison(spec: ComparisonSpec, runs: list[Run], out_dir: Path, jobs: int | None = None,

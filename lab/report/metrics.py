@@ -9,6 +9,7 @@ serve`` computes them.
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -27,17 +28,46 @@ DEFAULT_PERCENTILES = (50, 90, 95, 99)
 _STATUS = {RequestStatus.FINISHED: "finished", RequestStatus.REJECTED: "rejected"}
 
 
+def request_latencies(r: Request) -> tuple[float, float, float]:
+    """(TTFT, TPOT, E2EL) of one request in seconds, as the module docstring defines them: the one definition
+    that the requests table, the summary and the comparison report all use.
+
+    TTFT is NaN until the first token; E2EL and TPOT are NaN unless the request finished; TPOT is NaN for a
+    one-token output (``max_tokens`` = 1).
+    """
+    nan = float("nan")
+    arr = r.arrival_time
+    ft = r.first_token_time
+    fin = r.finish_time if r.status == RequestStatus.FINISHED else None
+    ttft = ft - arr if ft is not None else nan
+    e2el = fin - arr if fin is not None else nan
+    tpot = (e2el - ttft) / (r.max_tokens - 1) if fin is not None and r.max_tokens > 1 else nan
+    return ttft, tpot, e2el
+
+
+def latency_samples(requests: Iterable[Request]) -> dict[str, np.ndarray]:
+    """TTFT, TPOT and E2EL samples (seconds) of the finished requests among ``requests``, in their order.
+
+    Returns:
+        ``{"ttft": (F,), "tpot": (T,), "e2el": (F,)}`` float arrays over the F finished requests, with
+        :func:`request_latencies`' values; ``tpot`` leaves out one-token outputs (TPOT undefined), so T <= F.
+    """
+    lat = [request_latencies(r) for r in requests if r.status == RequestStatus.FINISHED]
+    return {"ttft": np.array([x[0] for x in lat], dtype=float),
+            "tpot": np.array([x[1] for x in lat if not math.isnan(x[1])], dtype=float),
+            "e2el": np.array([x[2] for x in lat], dtype=float)}
+
+
 def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
-    """One row per request (seconds for times; NaN where a time does not exist yet)."""
+    """One row per request (seconds for times; NaN where a time does not exist yet); TTFT, TPOT and E2EL are
+    :func:`request_latencies`."""
     nan = float("nan")
     rows = []
     for r in requests:
         arr = r.arrival_time
         ft = r.first_token_time
         fin = r.finish_time if r.status == RequestStatus.FINISHED else None
-        ttft = ft - arr if ft is not None else nan
-        e2el = fin - arr if fin is not None else nan
-        tpot = (e2el - ttft) / (r.max_tokens - 1) if fin is not None and r.max_tokens > 1 else nan
+        ttft, tpot, e2el = request_latencies(r)
         rows.append((
             r.request_id, r.instance_id, r.priority, arr,
             r.first_scheduled_time if r.first_scheduled_time is not None else nan,

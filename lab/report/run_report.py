@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lab.engine.instance import STEP_COLUMNS
+from lab.core.step_log import STEP_COLUMNS
 from lab.report.metrics import engine_stats, requests_frame, summarize
 from lab.experiment.simulation import SimResult
 

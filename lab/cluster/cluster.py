@@ -1,0 +1,121 @@
+"""A deployment at run time: named pools of instances behind a router, and hand-offs between pools.
+
+A pool is a set of instances alike in hardware, parallelism, engine limits, scheduler and cost model; pools may
+differ from each other in all of those. Arrivals go to the entry pools (those no other pool hands on to), where
+the router picks an instance. A pool with a hand-off rule serves each request until it has produced
+``after_output_tokens`` tokens, then the request leaves with its computed state (``num_computed_tokens``, its tokens
+and timings) and, after ``delay_s``, joins an instance of the target pool picked by that pool's router. What the KV
+transfer costs and how the target admits it (prefill/decode disaggregation) are built on this mechanism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import simpy
+
+from lab.core.request import Request
+from lab.core.sched_api import Router
+from lab.engine.instance import Instance
+
+
+@dataclass(frozen=True)
+class HandOff:
+    """Where a pool's requests go next.
+
+    Attributes:
+        to: name of the target pool.
+        after_output_tokens: output tokens a request produces in this pool before it leaves (>= 1).
+        delay_s: seconds between leaving and arriving (a fixed transfer and handover time).
+    """
+
+    to: str
+    after_output_tokens: int = 1
+    delay_s: float = 0.0
+
+
+@dataclass
+class Pool:
+    """Instances of one kind, their router and where their requests go next."""
+
+    name: str
+    instances: list[Instance]
+    router: Router
+    hand_off: HandOff | None = None
+    views: list = field(default_factory=list)
+
+
+class Cluster:
+    """Pools of instances; routes arrivals and moves requests between pools.
+
+    Args:
+        env: the SimPy environment.
+        pools: the pools, in configuration order.
+        view: wraps an instance for its router (the fast-forward brings an instance up to date when read).
+
+    Raises:
+        ValueError: a hand-off to an unknown pool, or no pool that takes arrivals.
+    """
+
+    def __init__(self, env: simpy.Environment, pools: list[Pool], view: Callable[[Instance], object]) -> None:
+        self.env = env
+        self.pools = {p.name: p for p in pools}
+        for p in pools:
+            p.views = [view(i) for i in p.instances]
+            if p.hand_off is not None:
+                if p.hand_off.to not in self.pools:
+                    raise ValueError(f"pool {p.name!r} hands off to unknown pool {p.hand_off.to!r}; pools: "
+                                     f"{', '.join(self.pools)}")
+                for inst in p.instances:
+                    inst.on_hand_off = self._leave
+        targets = {p.hand_off.to for p in pools if p.hand_off is not None}
+        self.entry = [p for p in pools if p.name not in targets]
+        if not self.entry:
+            raise ValueError("every pool is a hand-off target: no pool takes arrivals")
+        self.entry_instances = [i for p in self.entry for i in p.instances]
+        self.entry_views = [v for p in self.entry for v in p.views]
+        self.num_hand_offs = 0
+
+    @property
+    def instances(self) -> list[Instance]:
+        """Every instance, pool by pool."""
+        return [i for p in self.pools.values() for i in p.instances]
+
+    def arrive(self, request: Request) -> None:
+        """Route an arriving request to an instance of an entry pool."""
+        entry = self.entry
+        if len(entry) == 1 and len(entry[0].instances) == 1:
+            inst = entry[0].instances[0]
+        else:
+            idx = entry[0].router.route(request, self.entry_views, self.env.now)
+            inst = self.entry_instances[idx]
+        self._enter(request, inst)
+        inst.add_request(request)
+
+    def _enter(self, request: Request, inst: Instance) -> None:
+        rule = self.pools[inst.pool].hand_off if inst.pool in self.pools else None
+        if rule is not None:
+            request.stop_at = min(request.max_tokens, rule.after_output_tokens)
+
+    def _leave(self, request: Request) -> None:
+        """A request reached its pool's hand-off point (its source instance has freed its blocks)."""
+        rule = self.pools[request.pool].hand_off
+        assert rule is not None  # only instances of pools with a rule have this callback
+        self.num_hand_offs += 1
+        if rule.delay_s > 0:
+            self.env.process(self._deliver_later(request, rule))
+        else:
+            self._deliver(request, rule.to)
+
+    def _deliver_later(self, request: Request, rule: HandOff):
+        yield self.env.timeout(rule.delay_s)
+        self._deliver(request, rule.to)
+
+    def _deliver(self, request: Request, pool_name: str) -> None:
+        pool = self.pools[pool_name]
+        idx = 0 if len(pool.instances) == 1 else pool.router.route(request, pool.views, self.env.now)
+        inst = pool.instances[idx]
+        request.stop_at = request.max_tokens
+        self._enter(request, inst)
+        inst.receive(request)

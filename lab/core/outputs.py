@@ -1,0 +1,144 @@
+"""Applying a step's outputs: the one place where tokens are appended, drafts rolled back, requests finished.
+
+As vLLM's ``Scheduler.update_from_output`` (vllm/v1/core/sched/scheduler.py): every request that sampled gets
+1 + accepted tokens (accepted = drafts the rejection sampler kept, 0 without speculative decoding), its
+``num_computed_tokens`` goes back by the rejected drafts (their KV slots stay allocated and are overwritten by the
+next step), and a request that reached its output length (``stop_at``: ``max_tokens``, or fewer where a pool
+hands it on) finishes here and frees its blocks at once. Inter-token
+latencies and lifecycle events are recorded here too.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from lab.core.kv_cache import KVCacheManager
+from lab.core.request import Request, RequestStatus
+from lab.core.samples import WeightedSamples
+from lab.core.step import ScheduledStep
+
+_RUNNING = RequestStatus.RUNNING
+
+
+class DraftAcceptance(Protocol):
+    """How many of a request's scheduled draft tokens the target accepts (speculative decoding).
+
+    ``num_accepted`` returns an integer in [0, num_draft_tokens]: drafts 1..a were accepted and a + 1 was not
+    (token i counts only if 1..i-1 did). It must be deterministic for a given seed and call order.
+    """
+
+    def num_accepted(self, request: Request, num_draft_tokens: int) -> int: ...
+
+
+def finish_request(request: Request, now: float, kv: KVCacheManager,
+                   on_done: Callable[[Request], None] | None) -> None:
+    """Mark a request finished at ``now`` (seconds), free its KV blocks (cached content stays hittable), record the
+    event and report it."""
+    request.status = RequestStatus.FINISHED
+    request.finish_time = now
+    request.num_output_placeholders = 0
+    request.inflight_tokens = 0
+    kv.free(request, finished=True)
+    if request.events is not None:
+        request.events.append((now, "finished"))
+    if on_done is not None:
+        on_done(request)
+
+
+class StepOutputs:
+    """Applies steps' outputs on one instance.
+
+    Args:
+        kv: the instance's KV cache manager.
+        itl: receives every inter-token latency (seconds): one sample per step output that carries tokens of a
+            request, however many tokens it carries (shared/specs/metrics.md).
+        on_done: called with each request that finishes.
+        async_placeholders: under async scheduling a sampling request holds output placeholders (P) for its step
+            in flight; they are released here.
+        acceptance: the draft acceptance model, needed only when steps carry drafts.
+    """
+
+    def __init__(self, kv: KVCacheManager, itl: WeightedSamples, on_done: Callable[[Request], None] | None,
+                 async_placeholders: bool, acceptance: DraftAcceptance | None = None) -> None:
+        self.kv = kv
+        self.itl = itl
+        self.on_done = on_done
+        self.async_placeholders = async_placeholders
+        self.acceptance = acceptance
+
+    def apply(self, step: ScheduledStep, now: float) -> tuple[int, int]:
+        """Apply ``step``'s outputs at ``now``; returns (tokens emitted, requests finished).
+
+        Raises:
+            ValueError: the step carries drafts but no acceptance model was given, or the model returned a count
+                outside [0, drafts].
+        """
+        start = step.start
+        for r, n in zip(step.requests, step.num_new_tokens):
+            r.inflight_tokens -= n
+        spec = step.num_spec_tokens
+        if spec is not None:
+            return self._apply_with_drafts(step, now, spec)
+        itl = self.itl
+        placeholders = self.async_placeholders
+        finished = sampled = same_gap = 0  # same_gap: samples equal to this step's gap (previous token at its start)
+        for r, s in zip(step.requests, step.samples):
+            if not s or r.status is not _RUNNING:
+                continue  # a non-final prefill chunk, or a request preempted while the step was in flight
+            if placeholders:
+                r.num_output_placeholders -= 1
+            sampled += 1
+            r.num_output_tokens += 1
+            if r.first_token_time is None:
+                self._first_token(r, now)
+            elif r.last_token_time == start:
+                same_gap += 1
+            else:
+                itl.add(now - r.last_token_time)
+            r.last_token_time = now
+            if r.num_output_tokens >= r.stop_at:
+                finish_request(r, now, self.kv, self.on_done)
+                finished += 1
+        if same_gap:
+            itl.add(now - start, same_gap)
+        return sampled, finished
+
+    def _apply_with_drafts(self, step: ScheduledStep, now: float, spec: list[int]) -> tuple[int, int]:
+        """The general form: request i emits 1 + accepted_i tokens and rolls C back by drafts_i - accepted_i."""
+        finished = emitted_total = 0
+        for r, s, k in zip(step.requests, step.samples, spec):
+            if not s or r.status is not _RUNNING:
+                continue
+            if self.async_placeholders:
+                r.num_output_placeholders -= 1 + k
+            accepted = self._num_accepted(r, k) if k else 0
+            r.num_computed_tokens -= k - accepted  # rejected drafts: their slots are overwritten next step
+            emitted = min(1 + accepted, r.stop_at - r.num_output_tokens)
+            r.num_output_tokens += emitted
+            emitted_total += emitted
+            if r.first_token_time is None:
+                self._first_token(r, now)
+            else:
+                self.itl.add(now - r.last_token_time)  # one ITL sample per step output, however many tokens
+            r.last_token_time = now
+            if r.num_output_tokens >= r.stop_at:
+                finish_request(r, now, self.kv, self.on_done)
+                finished += 1
+        return emitted_total, finished
+
+    def _num_accepted(self, request: Request, num_draft_tokens: int) -> int:
+        model = self.acceptance
+        if model is None:
+            raise ValueError(f"request {request.request_id}: a step scheduled {num_draft_tokens} draft token(s) "
+                             "but the instance has no draft acceptance model")
+        accepted = model.num_accepted(request, num_draft_tokens)
+        if not 0 <= accepted <= num_draft_tokens:
+            raise ValueError(f"request {request.request_id}: acceptance model returned {accepted} accepted of "
+                             f"{num_draft_tokens} draft tokens (expected 0..{num_draft_tokens})")
+        return accepted
+
+    @staticmethod
+    def _first_token(request: Request, now: float) -> None:
+        request.first_token_time = now
+        if request.events is not None:
+            request.events.append((now, "first_token"))
