@@ -78,3 +78,82 @@ def test_the_shipped_comparison_file_is_valid():
     spec, runs = load_comparison(REPO / "experiments" / "policy_comparison.yaml")
     assert {r.trace for r in runs} >= {"azure_code", "azure_conv", "mooncake_conv"}
     assert any(r.data["policy"]["scheduler"].endswith("ShortestPromptFirst") for r in runs)
+
+
+CURVE = """
+name: curve
+description: max_num_seqs sweep at TP1 and TP2 on a saturated generated workload
+base:
+  cost_model: {kind: roofline}
+  workload: {source: synthetic, num_requests: 8, rate: 1000, prompt_tokens: {kind: constant, value: 128, max: 128},
+             output_tokens: {kind: constant, value: 16, max: 16}}
+traces:
+  sat: {}
+groups:
+  sweep:
+    traces: [sat]
+    curve: {x: engine.max_num_seqs, series: hardware.tensor_parallel_size}
+    variants:
+      tp1_c1: {engine: {max_num_seqs: 1}}
+      tp1_c2: {engine: {max_num_seqs: 2}}
+      tp1_c4: {engine: {max_num_seqs: 4}}
+      tp2_c1: {engine: {max_num_seqs: 1}, hardware: {tensor_parallel_size: 2}}
+      tp2_c4: {engine: {max_num_seqs: 4}, hardware: {tensor_parallel_size: 2}}
+"""
+
+
+def test_a_curve_group_writes_its_figure_and_table(tmp_path):
+    (tmp_path / "cmp.yaml").write_text(CURVE)
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["compare", str(tmp_path / "cmp.yaml"), "--out", str(out), "-q", "--jobs", "1"])
+    assert res.exit_code == 0, res.output
+    png = out / "sweep_sat_curve.png"
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = pd.read_csv(out / "comparison.csv").set_index("variant")
+    # the TP1 variants never set tensor_parallel_size: the series value is the validated default, 1
+    assert table.loc["tp1_c2", "curve_x"] == 2 and table.loc["tp1_c2", "curve_series"] == 1
+    assert table.loc["tp2_c4", "curve_series"] == 2
+    md = (out / "comparison.md").read_text()
+    assert "![sweep / sat: throughput, TTFT and TPOT vs engine.max_num_seqs](sweep_sat_curve.png)" in md
+    head = ("| engine.max_num_seqs | hardware.tensor_parallel_size | variant | out tok/s | TTFT mean (ms) | "
+            "TPOT mean (ms) | queue mean (ms) |")
+    assert head in md
+    body = md.split(head)[1].split("\n\n")[0].strip().splitlines()[1:]  # after the separator row
+    assert [r.split("|")[3].strip() for r in body] == ["tp1_c1", "tp2_c1", "tp1_c2", "tp1_c4", "tp2_c4"]
+    tput = table["output_token_throughput"]
+    assert tput["tp1_c1"] < tput["tp1_c2"] < tput["tp1_c4"] and tput["tp2_c1"] > tput["tp1_c1"]
+
+
+def test_a_curve_without_plots_still_writes_the_table(tmp_path):
+    (tmp_path / "cmp.yaml").write_text(CURVE.replace(", series: hardware.tensor_parallel_size", ""))
+    p = tmp_path / "cmp.yaml"
+    p.write_text(p.read_text().replace("      tp2_c1: {engine: {max_num_seqs: 1}, hardware: {tensor_parallel_size: 2}}\n", "")
+                 .replace("      tp2_c4: {engine: {max_num_seqs: 4}, hardware: {tensor_parallel_size: 2}}\n", ""))
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["compare", str(p), "--out", str(out), "-q", "--no-plots"])
+    assert res.exit_code == 0, res.output
+    md = (out / "comparison.md").read_text()
+    assert "| engine.max_num_seqs | variant | out tok/s |" in md and not (out / "sweep_sat_curve.png").exists()
+
+
+def test_a_bad_curve_path_is_one_line_naming_the_file_group_and_path(tmp_path):
+    p = tmp_path / "cmp.yaml"
+    p.write_text(CURVE.replace("x: engine.max_num_seqs", "x: engine.max_num_seq"))
+    with pytest.raises(ConfigError) as e:
+        load_comparison(p)
+    msg = str(e.value)
+    assert "\n" not in msg and str(p) in msg and "group 'sweep'" in msg and "'engine.max_num_seq'" in msg
+    res = runner.invoke(app, ["compare", str(p), "-q"], env={"COLUMNS": "400"})
+    assert res.exit_code == 2 and "curve path 'engine.max_num_seq' does not exist" in res.output
+    p.write_text(CURVE.replace("series: hardware.tensor_parallel_size", "series: hardware.tensor_paralel_size"))
+    with pytest.raises(ConfigError, match=r"group 'sweep': curve path 'hardware.tensor_paralel_size' does not exist"):
+        load_comparison(p)
+    p.write_text(CURVE.replace("x: engine.max_num_seqs", "x: policy.scheduler"))  # not a number
+    with pytest.raises(ConfigError, match=r"group 'sweep': curve x 'policy.scheduler' is 'vllm_v1'.*expected a number"):
+        load_comparison(p)
+    p.write_text(CURVE.replace("tp2_c4: {engine: {max_num_seqs: 4}", "tp2_c4: {engine: {max_num_seqs: 1}"))
+    with pytest.raises(ConfigError, match=r"variants 'tp2_c1' and 'tp2_c4' are the same curve point"):
+        load_comparison(p)
+    p.write_text(CURVE.replace("curve: {x: engine.max_num_seqs", "curve: {x: 'engine..max'"))
+    with pytest.raises(ConfigError, match=r"groups.sweep.curve.x"):
+        load_comparison(p)

@@ -108,7 +108,9 @@ def test_parallelism_fields_are_validated(tmp_path):
     with pytest.raises(ConfigError, match="num_instances"):
         parse_experiment({**base, "hardware": {"expert_parallel_size": 8, "data_parallel_size": 8}})
     with pytest.raises(ConfigError, match="operator"):
-        parse_experiment({"name": "x", "hardware": {"pipeline_parallel_size": 2}})
+        parse_experiment({"name": "x", "hardware": {"tensor_parallel_size": 2, "data_parallel_size": 1,
+                                                    "expert_parallel_size": 2}})
+    parse_experiment({"name": "x", "hardware": {"pipeline_parallel_size": 2}})  # PP: any cost model (split by layers)
     with pytest.raises(ConfigError, match="moe_imbalance"):
         parse_experiment({**base, "cost_model": {"kind": "operator", "moe_imbalance": 0.5}})
 

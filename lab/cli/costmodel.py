@@ -1,6 +1,8 @@
 """Cost-model commands of the ``servelab`` CLI: ``calibrate``, ``profile``, ``cost`` and ``costcheck``.
 
 Registered on the main typer app by :func:`register` (lab/cli/main.py).
+
+Like lab/cli/main.py, each command imports what it needs in its own body (fast ``--help``).
 """
 
 from __future__ import annotations

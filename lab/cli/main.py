@@ -1,4 +1,9 @@
-"""The ``servelab`` command line (typer)."""
+"""The ``servelab`` command line (typer).
+
+Commands import the simulator (numpy, pandas, the cost model, the policies) inside their own bodies, on purpose:
+``servelab --help``, ``servelab catalog`` and a one-line config error then answer in a fraction of a second
+instead of paying every command's imports.
+"""
 
 from __future__ import annotations
 

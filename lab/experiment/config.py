@@ -12,6 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from lab.costmodel.hardware import load_hardware
+from lab.costmodel.model_arch import load_model
 from lab.experiment.paths import default_data_dir, expand_path
 from policies import PolicyError, check_router, check_scheduler
 
@@ -86,8 +88,6 @@ class ModelConfig(_Strict):
     @model_validator(mode="after")
     def _known(self) -> "ModelConfig":
         if self.hf_config is None:  # a config.json names its own architecture; only a bare name must be known
-            from lab.costmodel.model_arch import load_model
-
             load_model(self.name)  # ValueError listing the catalog
         return self
 
@@ -109,8 +109,6 @@ class HardwareConfig(_Strict):
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, v: str) -> str:
-        from lab.costmodel.hardware import load_hardware
-
         load_hardware(v)  # ValueError listing the catalog
         return v
 
@@ -312,9 +310,9 @@ class Experiment(_Strict):
         if dp > 1 and self.cluster.num_instances % dp:
             raise ValueError(f"cluster.num_instances ({self.cluster.num_instances}) must be a multiple of "
                              f"hardware.data_parallel_size ({dp}): each DP rank is one instance")
-        if (pp > 1 or ep > 1) and self.cost_model.kind != "operator":
-            raise ValueError("hardware.pipeline_parallel_size / expert_parallel_size > 1 need cost_model.kind "
-                             "'operator' (the roofline and LLMServingSim models know only TP)")
+        if ep > 1 and self.cost_model.kind != "operator":
+            raise ValueError("hardware.expert_parallel_size > 1 needs cost_model.kind 'operator' (the roofline and "
+                             "LLMServingSim models know only TP)")
         return self
 
     @model_validator(mode="after")

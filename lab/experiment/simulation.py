@@ -18,7 +18,7 @@ from lab.costmodel.base import CostModel
 from lab.costmodel.hardware import Hardware, load_hardware
 from lab.costmodel.kv_capacity import KVCapacity, derive_num_gpu_blocks
 from lab.costmodel.llmservingsim import LLMServingSimProfileCostModel
-from lab.costmodel.model_arch import ModelArch, load_model
+from lab.costmodel.model_arch import ModelArch, load_model, resolve_kv_dtype
 from lab.costmodel.operator import build_operator_cost_model
 from lab.costmodel.parallel import Parallelism
 from lab.costmodel.roofline import Efficiency, RooflineCostModel
@@ -167,7 +167,7 @@ def build_deployment(exp: Experiment) -> Deployment:
         v = getattr(e, field)
         return ver[field] if v is None else v
 
-    kv_dtype = m.dtype if m.kv_cache_dtype == "auto" else m.kv_cache_dtype
+    kv_dtype = resolve_kv_dtype(m.dtype, m.kv_cache_dtype)
     max_model_len = e.max_model_len or model.max_position_embeddings
     default_mbt, default_seqs = batch_defaults(hw)
     mbt = e.max_num_batched_tokens or default_mbt
@@ -234,7 +234,7 @@ def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware) -> CostMod
         return build_operator_cost_model(exp, model, hw)
     over = {k: v for k, v in c.efficiency.model_dump().items() if v is not None}
     eff = Efficiency(**over)
-    kv_dtype = exp.model.dtype if exp.model.kv_cache_dtype == "auto" else exp.model.kv_cache_dtype
+    kv_dtype = resolve_kv_dtype(exp.model.dtype, exp.model.kv_cache_dtype)
     return RooflineCostModel(model, hw, tp=tp, weight_dtype=exp.model.dtype, kv_dtype=kv_dtype, efficiency=eff)
 
 
@@ -338,7 +338,7 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
         inst = Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
                         record_events=run.record_events, options=options, pool=pool, start=own_loop)
         if exp.policy.preemption.mode == "swap":  # KV bytes cross the host link both ways
-            kv_dtype = exp.model.dtype if exp.model.kv_cache_dtype == "auto" else exp.model.kv_cache_dtype
+            kv_dtype = resolve_kv_dtype(exp.model.dtype, exp.model.kv_cache_dtype)
             inst.configure_swap(dep.model.kv_bytes_per_token(kv_dtype, exp.hardware.tensor_parallel_size),
                                 dep.hardware.pcie_bandwidth, exp.policy.preemption.swap_space_gb * 2**30)
         if run.spill_dir:

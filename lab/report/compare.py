@@ -8,6 +8,12 @@ like any experiment file (errors name the comparison file and the run) before an
 process pool (``--jobs``); each run's full outputs land in ``<out>/<group>/<trace>/<variant>/`` and the
 comparison in ``<out>/comparison.md`` (tables per group and trace, the written reading from ``note``),
 ``comparison.csv`` (one row per run) and one CDF figure per group (TTFT, TPOT, E2EL side by side per trace).
+
+A group may also name a ``curve`` (``{x: FIELD.PATH, series: FIELD.PATH}``): dotted paths into each run's
+experiment (``engine.max_num_seqs``), resolved on the merged fields first and then on the validated experiment,
+so a field left at its default resolves too. Per trace, the group then gets a table and a figure
+(``<group>_<trace>_curve.png``) of output token throughput, mean TTFT and mean TPOT against ``x``, one line per
+``series`` value.
 """
 
 from __future__ import annotations
@@ -25,10 +31,19 @@ from lab.experiment.config import ConfigError, _format_errors, deep_merge, parse
 from lab.report.metrics import latency_samples
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
+_PATH = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"  # a dotted field path: engine.max_num_seqs
+_MISSING = object()
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class CurveSpec(_Strict):
+    """Metrics against one field of the runs (``x``), one line per value of another (``series``, optional)."""
+
+    x: str = Field(pattern=_PATH)
+    series: str | None = Field(None, pattern=_PATH)
 
 
 class GroupSpec(_Strict):
@@ -38,6 +53,7 @@ class GroupSpec(_Strict):
     traces: list[str] = Field(min_length=1)
     base: dict[str, Any] = Field(default_factory=dict)
     variants: dict[str, dict[str, Any]] = Field(min_length=1)
+    curve: CurveSpec | None = None
 
 
 class ComparisonSpec(_Strict):
@@ -80,6 +96,54 @@ class Run(BaseModel):
     source: str
     base_dir: str
     data_dir: str | None = None
+    curve_x: Any = None  # the group's curve: this run's x and series values
+    curve_series: Any = None
+
+
+def _lookup(data: Any, path: str) -> Any:
+    """The value at a dotted path in nested mappings (an integer part indexes a list); ``_MISSING`` if absent."""
+    for part in path.split("."):
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and part.lstrip("-").isdigit() and -len(data) <= int(part) < len(data):
+            data = data[int(part)]
+        else:
+            return _MISSING
+    return data
+
+
+def _curve_value(data: dict, exp: Any, path: str) -> Any:
+    """A curve field of one run: from its merged fields, else from the validated experiment (defaults)."""
+    v = _lookup(data, path)
+    if v is _MISSING:
+        v = _lookup(exp.model_dump(), path)
+    return v
+
+
+def _check_curves(p: Path, spec: ComparisonSpec, runs: list[Run]) -> None:
+    """Every curve group: numeric x values, one run per (series, x) and trace."""
+    for g, grp in spec.groups.items():
+        c = grp.curve
+        if c is None:
+            continue
+        seen: dict[tuple, str] = {}
+        for r in runs:
+            if r.group != g:
+                continue
+            x = r.curve_x
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not np.isfinite(x):
+                raise ConfigError(f"{p}: group {g!r}: curve x {c.x!r} is {x!r} in variant {r.variant!r}; "
+                                  "expected a number")
+            key = (r.trace, _series_key(r.curve_series), x)
+            if key in seen:
+                what = f"{c.series}={r.curve_series!r}, " if c.series else ""
+                raise ConfigError(f"{p}: group {g!r}: variants {seen[key]!r} and {r.variant!r} are the same curve "
+                                  f"point ({what}{c.x}={x!r}); give each series value one variant per x")
+            seen[key] = r.variant
+
+
+def _series_key(v: Any) -> Any:
+    return v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
 
 
 def load_comparison(path: str | Path, data_dir: str | Path | None = None,
@@ -114,9 +178,18 @@ def load_comparison(path: str | Path, data_dir: str | Path | None = None,
                     data["data_dir"] = spec.data_dir
                 data = deep_merge(data, {"simulation": {"progress": False}})
                 source = f"{p} [group {g}, trace {t}, variant {v}]"
-                parse_experiment(data, source, p.resolve().parent, dd)  # validate now: fail before running
+                exp = parse_experiment(data, source, p.resolve().parent, dd)  # validate now: fail before running
+                cx = cs = None
+                if grp.curve is not None:
+                    for path in (grp.curve.x, grp.curve.series):
+                        if path is not None and _curve_value(data, exp, path) is _MISSING:
+                            raise ConfigError(f"{p}: group {g!r}: curve path {path!r} does not exist in the "
+                                              f"experiment of variant {v!r} (trace {t!r})")
+                    cx = _curve_value(data, exp, grp.curve.x)
+                    cs = _curve_value(data, exp, grp.curve.series) if grp.curve.series else None
                 runs.append(Run(group=g, trace=t, variant=v, data=data, source=source,
-                                base_dir=str(p.resolve().parent), data_dir=dd))
+                                base_dir=str(p.resolve().parent), data_dir=dd, curve_x=cx, curve_series=cs))
+    _check_curves(p, spec, runs)
     return spec, runs
 
 
@@ -133,7 +206,7 @@ def _run_one(run: Run, out_dir: str) -> dict:
     lat = latency_samples(result.requests)
     pre = latency_samples([r for r in result.requests if r.num_preemptions])["e2el"]  # finished, preempted
     return {"group": run.group, "trace": run.trace, "variant": run.variant, "summary": summary,
-            "wall_s": time.perf_counter() - t0, "ttft": lat["ttft"], "tpot": lat["tpot"], "e2el": lat["e2el"],
+            "curve_x": run.curve_x, "curve_series": run.curve_series, "wall_s": time.perf_counter() - t0, "ttft": lat["ttft"], "tpot": lat["tpot"], "e2el": lat["e2el"],
             "preempted_requests": len(pre), "preempted_e2el_mean": float(np.mean(pre)) if len(pre) else None}
 
 
@@ -160,14 +233,16 @@ def run_comparison(spec: ComparisonSpec, runs: list[Run], out_dir: Path, jobs: i
                     progress(res)
     table = comparison_table(results)
     table.to_csv(out_dir / "comparison.csv", index=False)
-    figs = plot_groups(spec, results, out_dir) if (spec.plots if plots is None else plots) else {}
+    want_plots = spec.plots if plots is None else plots
+    figs = plot_groups(spec, results, out_dir) if want_plots else {}
+    curve_figs = plot_curves(spec, table, out_dir) if want_plots else {}
     note = ""
     if spec.note:
         p = Path(spec.note)
         if not p.is_absolute() and note_base is not None:
             p = note_base / p
         note = p.read_text() if p.is_file() else f"(note file {p} not found)\n"
-    (out_dir / "comparison.md").write_text(comparison_markdown(spec, table, figs, note))
+    (out_dir / "comparison.md").write_text(comparison_markdown(spec, table, figs, note, curve_figs))
     return table
 
 
@@ -176,7 +251,8 @@ def _ms(v) -> str:
 
 
 def comparison_table(results: list[dict]) -> pd.DataFrame:
-    """One row per run: counts, TTFT/TPOT/E2EL mean and p99 (s), throughputs, preemptions, prefix hits, balance."""
+    """One row per run: counts, TTFT/TPOT/E2EL mean and p99 (s), queue time mean, throughputs, preemptions, prefix
+    hits, balance, and the run's curve x / series values (None outside curve groups)."""
     rows = []
     for res in results:
         s = res["summary"]
@@ -193,6 +269,7 @@ def comparison_table(results: list[dict]) -> pd.DataFrame:
             "ttft_mean": s["ttft"]["mean"], "ttft_p50": s["ttft"]["median"], "ttft_p99": s["ttft"]["p99"],
             "tpot_mean": s["tpot"]["mean"], "tpot_p50": s["tpot"]["median"], "tpot_p99": s["tpot"]["p99"],
             "e2el_mean": s["e2el"]["mean"], "e2el_p99": s["e2el"]["p99"],
+            "queue_mean": (s.get("queue_time") or {}).get("mean"),
             "request_throughput": s["request_throughput"], "output_token_throughput": s["output_token_throughput"],
             "num_preemptions": s["num_preemptions"], "num_swaps": s.get("num_swaps", 0),
             "preempted_requests": res.get("preempted_requests", 0),
@@ -204,12 +281,15 @@ def comparison_table(results: list[dict]) -> pd.DataFrame:
             "instance_requests_max": max(per_req) if per_req else None,
             "instance_busy_min": min(busy) if busy else None, "instance_busy_max": max(busy) if busy else None,
             "duration_s": s["duration_s"], "wall_s": res["wall_s"],
+            "curve_x": res.get("curve_x"), "curve_series": res.get("curve_series"),
         })
     return pd.DataFrame(rows)
 
 
-def comparison_markdown(spec: ComparisonSpec, table: pd.DataFrame, figures: dict[str, str], note: str) -> str:
-    """comparison.md: the reading (note), then per group and trace one table (ms for latencies)."""
+def comparison_markdown(spec: ComparisonSpec, table: pd.DataFrame, figures: dict[str, str], note: str,
+                        curve_figures: dict[tuple[str, str], str] | None = None) -> str:
+    """comparison.md: the reading (note), then per group and trace one table (ms for latencies), and for a group
+    with a ``curve`` its curve table and figure per trace."""
     lines = [f"# {spec.name}", "", spec.description.strip(), ""]
     if note:
         lines += [note.strip(), ""]
@@ -257,6 +337,11 @@ def comparison_markdown(spec: ComparisonSpec, table: pd.DataFrame, figures: dict
                              f"{r['instance_busy_min'] * 100:.0f}–{r['instance_busy_max'] * 100:.0f} |")
                 lines.append(line)
             lines.append("")
+            if grp.curve is not None:
+                lines += _curve_markdown(grp.curve, rows)
+                if (g, t) in (curve_figures or {}):
+                    lines += [f"![{g} / {t}: throughput, TTFT and TPOT vs {grp.curve.x}]"
+                              f"({curve_figures[(g, t)]})", ""]
         if g in figures:
             lines += [f"![{g}: latency CDFs]({figures[g]})", ""]
     return "\n".join(lines)
@@ -301,3 +386,106 @@ def plot_groups(spec: ComparisonSpec, results: list[dict], out_dir: Path) -> dic
         figs[g] = name
     return figs
 
+
+
+def _sorted_values(values) -> list:
+    """Distinct values in natural order where they compare, else in first-seen order."""
+    out = list(dict.fromkeys(values))
+    try:
+        return sorted(out)
+    except TypeError:
+        return out
+
+
+def _curve_points(rows: pd.DataFrame) -> list[tuple[Any, pd.DataFrame]]:
+    """(series value, its rows sorted by x) for one group and trace."""
+    rows = rows.assign(_key=[_series_key(v) for v in rows["curve_series"]])
+    out = []
+    for key in _sorted_values(rows["_key"].tolist()):
+        sub = rows[rows["_key"].map(lambda k: k == key)].sort_values("curve_x")
+        out.append((sub["curve_series"].iloc[0], sub))
+    return out
+
+
+def _curve_markdown(curve: CurveSpec, rows: pd.DataFrame) -> list[str]:
+    """The curve's numbers: one row per run, by x then series."""
+    head = f"| {curve.x} |" + (f" {curve.series} |" if curve.series else "")
+    head += " variant | out tok/s | TTFT mean (ms) | TPOT mean (ms) | queue mean (ms) |"
+    sep = "|---:|" + ("---:|" if curve.series else "") + "---|---:|---:|---:|---:|"
+    order = {k: i for i, k in enumerate(_sorted_values([_series_key(v) for v in rows["curve_series"]]))}
+    rows = rows.assign(_o=[order[_series_key(v)] for v in rows["curve_series"]]).sort_values(["curve_x", "_o"])
+    lines = [f"Against `{curve.x}`" + (f", per `{curve.series}`" if curve.series else "") +
+             " (TTFT counts the wait in the queue, shown on its own as queue mean):", "", head, sep]
+    for _, r in rows.iterrows():
+        line = f"| {_fmt_value(r['curve_x'])} |" + (f" {_fmt_value(r['curve_series'])} |" if curve.series else "")
+        line += (f" {r['variant']} | {r['output_token_throughput']:.0f} | {_ms_fixed(r['ttft_mean'])} | "
+                 f"{_ms_fixed(r['tpot_mean'])} | {_ms_fixed(r['queue_mean'])} |")
+        lines.append(line)
+    return lines + [""]
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _ms_fixed(v) -> str:
+    if v is None or (isinstance(v, float) and not np.isfinite(v)):
+        return "–"
+    ms = v * 1000
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"
+
+
+def _powers_of_two(xs) -> bool:
+    for x in xs:
+        if not (x > 0 and float(x).is_integer() and (int(x) & (int(x) - 1)) == 0):
+            return False
+    return True
+
+
+def plot_curves(spec: ComparisonSpec, table: pd.DataFrame, out_dir: Path) -> dict[tuple[str, str], str]:
+    """Per group with a ``curve`` and trace: output token throughput, mean TTFT and mean TPOT against x (log2 x
+    when every x is a power of two), one line per series value. Returns ``{(group, trace): file name}``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = {}
+    panels = (("output_token_throughput", 1.0, "output throughput (tok/s)"),
+              ("ttft_mean", 1000.0, "mean TTFT (ms)"), ("tpot_mean", 1000.0, "mean TPOT (ms)"))
+    for g, grp in spec.groups.items():
+        c = grp.curve
+        if c is None:
+            continue
+        for t in grp.traces:
+            rows = table[(table["group"] == g) & (table["trace"] == t)]
+            if not len(rows):
+                continue
+            xs = rows["curve_x"].astype(float).tolist()
+            log2 = _powers_of_two(xs)
+            fig, axes = plt.subplots(1, 3, figsize=(15, 4), squeeze=False)
+            for j, (col, scale, label) in enumerate(panels):
+                ax = axes[0][j]
+                for k, (sv, sub) in enumerate(_curve_points(rows)):
+                    name = f"{c.series}={_fmt_value(sv)}" if c.series else g
+                    ax.plot(sub["curve_x"].astype(float), sub[col].astype(float) * scale, marker="o", lw=1.5,
+                            ms=4, label=name, color=plt.cm.tab10(k % 10), ls=("-", "--", ":")[(k // 10) % 3])
+                if log2:
+                    ax.set_xscale("log", base=2)
+                    ticks = sorted(set(xs))
+                    ax.set_xticks(ticks)
+                    ax.set_xticklabels([_fmt_value(x) for x in ticks])
+                ax.set_xlabel(c.x + (" (log2)" if log2 else ""))
+                ax.set_ylabel(label)
+                ax.set_title(f"{t}: {label}", fontsize=10)
+                ax.set_ylim(bottom=0)
+                ax.grid(alpha=0.3)
+                ax.legend(fontsize=8)
+            fig.tight_layout()
+            name = f"{g}_{t}_curve.png"
+            fig.savefig(out_dir / name, dpi=100)
+            plt.close(fig)
+            figs[(g, t)] = name
+    return figs

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from lab.core.step_log import STEP_COLUMNS
+from lab.report.plots import pyplot
 from lab.report.metrics import engine_stats, requests_frame, summarize
 from lab.experiment.simulation import SimResult
 
@@ -152,9 +155,6 @@ def write_report(result: SimResult, out_dir: Path, plots: bool = True) -> dict:
 
 def _stream_steps(result: SimResult, path: Path) -> None:
     """Write the whole step log to ``path`` chunk by chunk (instance by instance)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     writer = None
     for chunk in iter_steps(result):
         table = pa.Table.from_pandas(chunk, preserve_index=False)
@@ -225,10 +225,7 @@ def markdown(summary: dict, figures: list[tuple[str, str]]) -> str:
 
 def plot_all(req: pd.DataFrame, series: pd.DataFrame | None, result: SimResult, out_dir: Path) -> list[tuple[str, str]]:
     """Latency CDFs, throughput and queue length over time, KV usage over time; returns (title, file) pairs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figs = []
     fin = req[req["status"] == "finished"]

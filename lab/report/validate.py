@@ -24,6 +24,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from lab.report.metrics import requests_frame
+from lab.report.plots import pyplot
+from lab.report.run_report import steps_frame, write_report
+
 
 class ValidationError(ValueError):
     """A measured file is missing or malformed."""
@@ -247,10 +251,7 @@ def write_validation(report: dict, out_dir: Path) -> None:
 
 def plot_validation(report: dict, out_dir: Path) -> list[str]:
     """Per-request error CDFs, measured vs simulated latency CDFs, time series and the time breakdown."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     files = []
     j = report["per_request"]
@@ -355,9 +356,6 @@ def run_validation(exp, out_dir: Path, simulate_fn, plots: bool = True) -> dict:
     Raises:
         ValidationError: a measured file is missing or malformed.
     """
-    from lab.report.metrics import requests_frame
-    from lab.report.run_report import steps_frame, write_report
-
     v = exp.validation
     measured_path = exp.path(v.measured, "validation.measured")
     measured = load_measured(measured_path, v.format)
