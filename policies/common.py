@@ -105,7 +105,7 @@ def allocate_or_preempt(engine: EngineView, out: SchedulerOutput, request: Reque
 def admit_whole_prompts(engine: EngineView, out: SchedulerOutput, tokens: int, max_step_tokens: int | None,
                         reserve: Callable[[Request], int]) -> None:
     """Admit waiting requests in queue order, each with its whole uncached prompt in this step and ``reserve(r)``
-    extra KV slots (lookahead tokens) allocated now, while ``max_num_seqs`` allows; stop at the first that does
+    extra KV slots (``num_reserved_tokens``) allocated now, while ``max_num_seqs`` allows; stop at the first that does
     not fit the KV cache or would push the step past ``max_step_tokens`` (None = no cap; a step's first request
     always fits). ``tokens``: the step's tokens already scheduled. Orca and static batching admit this way."""
     waiting = engine.waiting
@@ -117,8 +117,7 @@ def admit_whole_prompts(engine: EngineView, out: SchedulerOutput, tokens: int, m
         n = r.num_tokens - num_hit
         if max_step_tokens is not None and tokens and tokens + n > max_step_tokens:
             break
-        if not kv.allocate_slots(r, n, hits, num_hit if r.num_computed_tokens == 0 else 0,
-                                 num_lookahead_tokens=reserve(r)):
+        if not allocate_waiting(engine, r, n, hits, num_hit, num_reserved_tokens=reserve(r)):
             break
         waiting.pop()
         engine.admit(r, num_hit)

@@ -43,7 +43,7 @@ class OrcaScheduler(SchedulerBase):
     def __init__(self, options: "OrcaScheduler.Options | None" = None) -> None:
         self.options = options or self.Options()
 
-    def _lookahead(self, engine: EngineView, r) -> int:
+    def _reservation(self, engine: EngineView, r) -> int:
         reserve = self.options.reserve
         if reserve == "max_tokens":  # KV for prompt + max_tokens - 1 (the last token is never fed back)
             return max(0, r.max_tokens - r.num_output_tokens - 1)
@@ -68,5 +68,5 @@ class OrcaScheduler(SchedulerBase):
                 tokens += n
         if out.preempted:
             return out
-        admit_whole_prompts(engine, out, tokens, self.options.max_tokens_per_step, lambda r: self._lookahead(engine, r))
+        admit_whole_prompts(engine, out, tokens, self.options.max_tokens_per_step, lambda r: self._reservation(engine, r))
         return out

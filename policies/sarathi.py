@@ -21,7 +21,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
-from policies.common import allocate_or_preempt, is_running, lookup, resolve_victim_rule
+from policies.common import allocate_or_preempt, allocate_waiting, is_running, lookup, resolve_victim_rule
 
 
 class SarathiScheduler(SchedulerBase):
@@ -88,8 +88,8 @@ class SarathiScheduler(SchedulerBase):
             hits, num_hit = lookup(engine, r)
             remaining = r.num_tokens - num_hit
             n = min(remaining, budget)
-            if not kv.allocate_slots(r, n, hits, num_hit if r.num_computed_tokens == 0 else 0,
-                                     num_lookahead_tokens=remaining - n, reserved_blocks=watermark_blocks):
+            if not allocate_waiting(engine, r, n, hits, num_hit, num_reserved_tokens=remaining - n,
+                                    reserved_blocks=watermark_blocks):
                 break
             waiting.pop()
             engine.admit(r, num_hit)

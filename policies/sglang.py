@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from lab.core.queues import FixedOrder, make_queue
 from lab.core.request import Request
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
-from policies.common import is_running, lookup, pick_victim
+from policies.common import allocate_waiting, is_running, lookup, pick_victim
 
 
 class LongestOutputFirstQueue(FixedOrder):
@@ -266,7 +266,7 @@ class SGLangScheduler(SchedulerBase):
                     n, becomes_chunked = rem_chunk // bs * bs, True
                     if n <= 0 or self.chunked_req is not None:
                         break
-                if not kv.allocate_slots(r, n, hits, num_hit if r.num_computed_tokens == 0 else 0):
+                if not allocate_waiting(engine, r, n, hits, num_hit):
                     self.batch_is_full = True
                     break
                 if waiting.peek() is r:

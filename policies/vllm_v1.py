@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from lab.core.request import RequestStatus
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerOutput
-from policies.common import allocate_or_preempt, lookup, resolve_victim_rule
+from policies.common import allocate_or_preempt, allocate_waiting, lookup, resolve_victim_rule
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -110,9 +110,8 @@ class VLLMV1Scheduler(SchedulerBase):
             if n > budget:
                 n = budget
             reserve = watermark_blocks if running else 0
-            if not kv.allocate_slots(r, n, hits, num_hit if r.num_computed_tokens == 0 else 0,
-                                     num_lookahead_tokens=lookahead,
-                                     full_sequence_must_fit=full_isl, reserved_blocks=reserve):
+            if not allocate_waiting(engine, r, n, hits, num_hit, num_lookahead_tokens=lookahead,
+                                    full_sequence_must_fit=full_isl, reserved_blocks=reserve):
                 break
             waiting.pop()
             engine.admit(r, num_hit)

@@ -353,10 +353,14 @@ class KVCacheManager:
         num_lookahead_tokens: int = 0,
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
+        num_reserved_tokens: int = 0,
     ) -> bool:
         """Allocate blocks so the request can hold ``num_new_tokens`` more tokens (vLLM ``allocate_slots``).
 
-        ``need = ceil(min(C + hits + n + lookahead, max_model_len) / block_size) - held``. The call fails, changing
+        ``need = ceil(min(C + hits + n + lookahead + reserved, max_model_len) / block_size) - held``, where
+        ``num_lookahead_tokens`` are slots for speculative drafts (vLLM's meaning) and ``num_reserved_tokens`` are
+        slots a policy reserves ahead for its own reasons (Orca's whole output, Sarathi's rest of the prompt). The
+        call fails, changing
         nothing, if ``need`` plus the evictable hit blocks plus ``reserved_blocks`` (the watermark) exceeds the free
         blocks. With ``full_sequence_must_fit`` (vLLM's ``scheduler_reserve_full_isl`` gate for waiting requests) it
         also fails unless blocks for the whole current sequence (``num_tokens``) would fit; that is a check, not a
@@ -370,7 +374,7 @@ class KVCacheManager:
         bs = self.block_size
         blocks = request.blocks
         num_computed = request.num_computed_tokens + num_new_computed_tokens
-        total = num_computed + num_new_tokens + num_lookahead_tokens
+        total = num_computed + num_new_tokens + num_lookahead_tokens + num_reserved_tokens
         if total > self.max_model_len:
             total = self.max_model_len
         held = len(blocks) + len(new_computed_blocks) if new_computed_blocks else len(blocks)
@@ -407,10 +411,10 @@ class KVCacheManager:
             ntok = request.prompt_len + request.num_output_tokens  # num_tokens, inlined
             num_full = (end if end < ntok else ntok) // bs
             if num_full > request.num_cached_blocks:
-                self._register(request, num_full)
+                self.register_full_blocks(request, num_full)
         return True
 
-    def _register(self, request: Request, num_full: int) -> None:
+    def register_full_blocks(self, request: Request, num_full: int) -> None:
         """Register the request's full blocks up to ``num_full`` (vLLM ``cache_full_blocks``). Content unique to
         the request is only counted: no one else can hit it, and the request recognises its own freed blocks by
         their free-queue entries (see :meth:`free`)."""

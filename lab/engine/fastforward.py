@@ -347,7 +347,7 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
                 r.blocks.append(pool.get_new_block())
                 cur += 1
             else:
-                kv._register(r, (plan.C0[i] + j + 1) // bs if not async_ else (plan.C0[i] + j) // bs)
+                kv.register_full_blocks(r, (plan.C0[i] + j + 1) // bs if not async_ else (plan.C0[i] + j) // bs)
             ev_pos += 1
         if s_end > j_prev:
             used.extend([cur] * (s_end - j_prev))
