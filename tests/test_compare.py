@@ -125,10 +125,10 @@ def test_a_curve_group_writes_its_figure_and_table(tmp_path):
 
 
 def test_a_curve_without_plots_still_writes_the_table(tmp_path):
-    (tmp_path / "cmp.yaml").write_text(CURVE.replace(", series: hardware.tensor_parallel_size", ""))
+    # no series: one line; the TP2 variants go, or they would share x with the TP1 ones
+    text = CURVE.replace(", series: hardware.tensor_parallel_size", "")
     p = tmp_path / "cmp.yaml"
-    p.write_text(p.read_text().replace("      tp2_c1: {engine: {max_num_seqs: 1}, hardware: {tensor_parallel_size: 2}}\n", "")
-                 .replace("      tp2_c4: {engine: {max_num_seqs: 4}, hardware: {tensor_parallel_size: 2}}\n", ""))
+    p.write_text("\n".join(line for line in text.splitlines() if "tp2_c" not in line) + "\n")
     out = tmp_path / "out"
     res = runner.invoke(app, ["compare", str(p), "--out", str(out), "-q", "--no-plots"])
     assert res.exit_code == 0, res.output
@@ -157,3 +157,15 @@ def test_a_bad_curve_path_is_one_line_naming_the_file_group_and_path(tmp_path):
     p.write_text(CURVE.replace("curve: {x: engine.max_num_seqs", "curve: {x: 'engine..max'"))
     with pytest.raises(ConfigError, match=r"groups.sweep.curve.x"):
         load_comparison(p)
+
+
+@needs_data("calibration", "aiconfigurator", "perf_db", "h100_sxm")
+@needs_data("calibration", "aiconfigurator", "perf_db", "h200_sxm")
+def test_the_shipped_parallelism_comparisons_are_valid():
+    _, runs = load_comparison(REPO / "experiments" / "tp2_vs_pp2.yaml")
+    points = {(r.group, r.curve_series, r.curve_x) for r in runs}
+    assert len(runs) == len(points) == 28
+    assert {x for _, _, x in points} == {1, 2, 4, 8, 16, 32, 64} and {s for _, s, _ in points} == {1, 2}
+    _, runs = load_comparison(REPO / "experiments" / "deepseek_v3_dp_ep_lockstep.yaml")
+    lock = {(r.trace, r.variant): r.data["hardware"]["data_parallel_lock_step"] for r in runs}
+    assert lock[("rate8", "lock_step")] is True and lock[("rate8", "independent")] is False and len(lock) == 6

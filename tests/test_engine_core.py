@@ -306,7 +306,8 @@ class _NoKV(SchedulerBase):
 def test_the_engine_stops_a_scheduler_that_breaks_the_contract(scheduler, rule):
     env, inst, _ = make_engine(scheduler=scheduler)
     submit(env, inst, [req(0, 20, 2), req(1, 20, 2)])
-    with pytest.raises(SchedulerContractError, match=f"scheduler _\\w+ broke the scheduler contract: {rule}"):
+    with pytest.raises(SchedulerContractError,
+                       match=f"scheduler _\\w+ \\(.*test_engine_core.py\\) broke the scheduler contract: {rule}"):
         env.run()
 
 

@@ -25,7 +25,8 @@ class StepLog:
     num_running, num_waiting, num_preempted, output_tokens, transfer_s, micro_batch, stage_s`` (seconds, tokens,
     counts); :meth:`frames` adds ``instance`` and ``kv_usage``. ``duration`` runs from the step's first stage start
     to its last stage end; ``stage_s`` is its longest pipeline stage (the whole step without PP); ``micro_batch``
-    is the step's slot in the in-flight window (its sequence number modulo ``max_concurrent_batches``).
+    is the step's slot in the in-flight window under pipeline parallelism (its sequence number modulo
+    ``max_concurrent_batches``; 0 without PP, ``num_slots`` = 1).
 
     With ``spill_path`` set, every ``chunk_rows`` rows are written to that Parquet file and dropped from memory,
     so a long run's memory does not grow with its history.
@@ -47,15 +48,15 @@ class StepLog:
                used: int, running: int, waiting: int, preempted: int, output: int, transfer_s: float,
                stage_s: float) -> None:
         """Append one step's row (its ``micro_batch`` slot follows from the row count)."""
-        values = (start, duration, scheduled, prefill, decodes, batch, used, running, waiting, preempted, output,
-                  transfer_s, len(self) % self.num_slots, stage_s)
-        for c, v in zip(self._cols, values):
+        slots = self.num_slots
+        slot = 0 if slots == 1 else len(self) % slots
+        for c, v in zip(self._cols, (start, duration, scheduled, prefill, decodes, batch, used, running, waiting,
+                                     preempted, output, transfer_s, slot, stage_s)):
             c.append(v)
 
     def extend(self, start: list, duration: list, batch: list, used: list, running: int, waiting: int) -> None:
         """Append pure-decode rows (fast-forward): ``batch[i]`` requests each computing and sampling one token."""
         n = len(start)
-        first = len(self)
         (c_start, c_dur, c_sched, c_pre, c_dec, c_batch, c_used, c_run, c_wait, c_pree, c_out,
          c_xfer, c_slot, c_stage) = self._cols
         c_start.extend(start)
@@ -72,7 +73,7 @@ class StepLog:
         c_out.extend(batch)
         c_xfer.extend(zeros)
         slots = self.num_slots
-        c_slot.extend(zeros if slots == 1 else [(first + i) % slots for i in range(n)])
+        c_slot.extend(zeros if slots == 1 else [(len(self) - n + i) % slots for i in range(n)])
         c_stage.extend(duration)
 
     def add_waiting(self, count: int) -> None:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
 
 from lab.core.batch import BatchShape
 from lab.costmodel.fit import calibrate as fit_all, mape
@@ -186,6 +185,7 @@ def splitwise(data_dir: Path, log=None) -> tuple[pd.DataFrame, dict]:
         def resid(x):
             return np.log(predict(x, idx_train)) - y[idx_train]
 
+        from scipy.optimize import least_squares  # noqa: PLC0415 - 0.25 s to import; only fitting needs it
         sol = least_squares(resid, [math.log(20.0), math.log(2.0), math.log(5.0)], loss="soft_l1", f_scale=0.1)
         launch_us, overhead_ms, per_tok_us = (math.exp(v) for v in sol.x)
         params[gpu] = {"cpu_launch_us": round(launch_us, 2), "step_overhead_ms": round(overhead_ms, 3),

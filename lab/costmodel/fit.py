@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
 
 from lab.costmodel.families import FAMILY_PRIORITY, family_of
 from lab.costmodel.features import FEATURES, peaks, variant_of, work
@@ -191,6 +190,7 @@ def fit_curve(cls: str, variant: str, df: pd.DataFrame, hw: Hardware, smooth: fl
                          *[np.zeros(s) for s in sizes]])
     lo = np.concatenate([[math.log(1e-8), -3.0, -8.0, -8.0], np.full(sum(sizes), -8.0)])
     hi = np.concatenate([[math.log(1e-2), 4.0, 8.0, 8.0], np.full(sum(sizes), 8.0)])
+    from scipy.optimize import least_squares  # noqa: PLC0415 - 0.25 s to import; only fitting needs it
     sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, max_nfev=100)
     t0, p, a_c, a_m, vals = unpack(sol.x)
     values = {f: [float(v) for v in vals[f]] if f in vals else [0.0, 0.0] for f in (*cf, *mf)}

@@ -10,6 +10,7 @@ model, places it on the pipeline (lab/engine/window.py) and, when it ends, appli
 
 from __future__ import annotations
 
+import sys
 from array import array
 from dataclasses import dataclass
 from typing import Callable
@@ -116,7 +117,7 @@ class Instance:
         self.on_hand_off: Callable[[Request], None] | None = None
         self.outputs = StepOutputs(kv, itl_samples, self._request_done, self.async_scheduling, acceptance)
         self.record_events = record_events
-        self.steps = StepLog(instance_id, kv.pool.num_gpu_blocks - 1, num_slots=depth)
+        self.steps = StepLog(instance_id, kv.pool.num_gpu_blocks - 1, num_slots=depth if pp > 1 else 1)
         self.breakdown: dict[str, array] = {}
         self.num_preemptions = 0
         self.busy_time = 0.0
@@ -333,32 +334,7 @@ class Instance:
             self.steady = (not out.preempted and not self._admitted and len(reqs) == len(self.running)
                            and reqs == self.running and news.count(1) == len(news))
         spec = [out.num_spec_tokens.get(r, 0) for r in reqs] if out.num_spec_tokens else None
-        before = []
-        samples = []
-        add_before = before.append
-        add_sample = samples.append
-        placeholders = self.async_scheduling
-        bs = self.kv.block_size
-        for i, (r, n) in enumerate(zip(reqs, news)):
-            c = r.num_computed_tokens
-            if r.status is not _RUNNING or len(r.blocks) * bs < c + n:
-                self._contract_error(f"request {r.request_id} scheduled while {r.status.name.lower()}" if
-                                     r.status is not _RUNNING else
-                                     f"request {r.request_id} scheduled with {n} tokens but KV blocks for only "
-                                     f"{len(r.blocks) * bs - c}")
-            add_before(c)
-            c += n
-            r.num_computed_tokens = c
-            r.inflight_tokens += n
-            k = spec[i] if spec is not None else 0
-            if c >= r.prompt_len + r.num_output_tokens + r.num_output_placeholders + k:
-                if placeholders:
-                    r.num_output_placeholders += 1 + k
-                add_sample(True)
-            else:
-                add_sample(False)
-            if r.first_scheduled_time is None:
-                r.first_scheduled_time = now
+        before, samples = self._advance(reqs, news, spec, now)
         if self.pipeline_async:  # V2 runner: a decode is eligible again after pp scheduler steps
             nxt = self.num_scheduler_steps - 1 + self.options.pipeline_parallel_size
             for r, s in zip(reqs, samples):
@@ -369,8 +345,45 @@ class Instance:
         used = pool.num_gpu_blocks - 1 - len(pool.free_queue)
         return ScheduledStep(reqs, news, samples, shape, [], now, used, len(out.preempted), 0.0, spec)
 
+    def _advance(self, reqs: list[Request], news: list[int], spec: list[int] | None,
+                 now: float) -> tuple[list[int], list[bool]]:
+        """C += n for every scheduled request (after checking it runs and holds KV for its tokens); returns the
+        tokens each had computed before and whether each samples at the end of the step."""
+        before = []
+        samples = []
+        add_before = before.append
+        add_sample = samples.append
+        placeholders = self.async_scheduling
+        bs = self.kv.block_size
+        drafts = spec if spec is not None else [0] * len(reqs)
+        for r, n, k in zip(reqs, news, drafts):
+            c = r.num_computed_tokens
+            if r.status is not _RUNNING or len(r.blocks) * bs < c + n:
+                self._bad_request(r, n)
+            add_before(c)
+            c += n
+            r.num_computed_tokens = c
+            r.inflight_tokens += n
+            if c >= r.prompt_len + r.num_output_tokens + r.num_output_placeholders + k:
+                if placeholders:
+                    r.num_output_placeholders += 1 + k
+                add_sample(True)
+            else:
+                add_sample(False)
+            if r.first_scheduled_time is None:
+                r.first_scheduled_time = now
+        return before, samples
+
+    def _bad_request(self, r: Request, n: int) -> None:
+        if r.status is not _RUNNING:
+            self._contract_error(f"request {r.request_id} scheduled while {r.status.name.lower()}")
+        held = len(r.blocks) * self.kv.block_size - r.num_computed_tokens
+        self._contract_error(f"request {r.request_id} scheduled with {n} tokens but KV blocks for only {held}")
+
     def _contract_error(self, rule: str) -> None:
-        name = getattr(self.scheduler, "source", None) or type(self.scheduler).__name__
+        cls = type(self.scheduler)
+        where = getattr(sys.modules.get(cls.__module__), "__file__", None)  # a user policy names its file
+        name = f"{cls.__name__} ({where})" if where and not cls.__module__.startswith("policies.") else cls.__name__
         raise SchedulerContractError(f"instance {self.instance_id}: scheduler {name} broke the scheduler "
                                      f"contract: {rule}")
 
@@ -418,25 +431,26 @@ class Instance:
                 col.append(0.0)
 
     def finish_step(self, step: ScheduledStep) -> None:
-        """Apply a step's outputs at the current time (vLLM ``update_from_output``) and log it."""
-        self.clock = step.end
-        sampled, finished = self.outputs.apply(step, step.end)
+        """Apply a step's outputs at its end (vLLM ``update_from_output``) and log it."""
+        end = step.end
+        self.clock = end
+        sampled, finished = self.outputs.apply(step, end)
         if finished:
             self.steady = False
             self.running = [r for r in self.running if r.status is _RUNNING]
-        self.busy_time += step.busy_s
-        self.log_step(step, sampled)
-
-    def log_step(self, step: ScheduledStep, sampled: int) -> None:
+        times = step.stage_times
+        if len(times) == 1:
+            busy = duration = times[0]
+        else:
+            busy, duration = max(times), end - step.start
+        self.busy_time += busy
         shape = step.shape
         steps = self.steps
         if steps.spill_path is not None:
             steps.maybe_spill()
-        one_stage = len(step.stage_times) == 1
-        steps.append(step.start, step.dt if one_stage else step.end - step.start, shape.num_tokens,
-                     shape.num_tokens - shape.num_decodes, shape.num_decodes, shape.num_seqs, step.used_blocks,
-                     len(self.running), len(self.waiting), step.num_preempted, sampled, step.transfer_s,
-                     step.busy_s)
+        steps.append(step.start, duration, shape.num_tokens, shape.num_tokens - shape.num_decodes, shape.num_decodes,
+                     shape.num_seqs, step.used_blocks, len(self.running), len(self.waiting), step.num_preempted,
+                     sampled, step.transfer_s, busy)
 
     def complete(self, request: Request, now: float) -> None:
         """A request reached ``stop_at`` output tokens at ``now`` (the fast-forward's entry to the same path
@@ -521,19 +535,21 @@ class Instance:
     def _loop(self):
         env = self.env
         window = self.window
+        in_flight = window.steps
+        depth = window.depth
         jump_depth = 1 if self.async_scheduling else 0  # steps in flight when a jump may start
         while True:
-            if self._ff and len(window) == jump_depth and ff.steady_batch(self):
+            if self._ff and len(in_flight) == jump_depth and ff.steady_batch(self):
                 n_before = self.num_jumps
                 yield from self._jump()
                 if self.num_jumps != n_before:
                     continue
-            while not window.full:
+            while len(in_flight) < depth:
                 step = self._launch()
                 if step is None:
                     break
                 window.submit(step, self.now)
-            if not window.steps:
+            if not in_flight:
                 if not self.running and not self.waiting:
                     self.wakeup_event = env.event()
                     yield self.wakeup_event
@@ -543,6 +559,6 @@ class Instance:
                                        "but nothing scheduled")
                 self.reject_unservable_head()
                 continue
-            step = window.pop_oldest()
+            step = in_flight.popleft()
             yield env.timeout(delay_until(env.now, step.end))
             self.finish_step(step)

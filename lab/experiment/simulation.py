@@ -343,7 +343,7 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
                                 dep.hardware.pcie_bandwidth, exp.policy.preemption.swap_space_gb * 2**30)
         if run.spill_dir:
             inst.steps = StepLog(i, dep.num_gpu_blocks - 1, os.path.join(run.spill_dir, f"steps_{i}.parquet"),
-                                 num_slots=inst.window.depth)
+                                 num_slots=inst.steps.num_slots)
         inst.stop_time = run.horizon if run.horizon else float("inf")
         out.append(inst)
     return out

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from lab.experiment.config import ConfigError, _format_errors, deep_merge, parse_experiment, read_yaml
 from lab.report.metrics import latency_samples
+from lab.report.plots import pyplot
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
 _PATH = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"  # a dotted field path: engine.max_num_seqs
@@ -206,7 +207,8 @@ def _run_one(run: Run, out_dir: str) -> dict:
     lat = latency_samples(result.requests)
     pre = latency_samples([r for r in result.requests if r.num_preemptions])["e2el"]  # finished, preempted
     return {"group": run.group, "trace": run.trace, "variant": run.variant, "summary": summary,
-            "curve_x": run.curve_x, "curve_series": run.curve_series, "wall_s": time.perf_counter() - t0, "ttft": lat["ttft"], "tpot": lat["tpot"], "e2el": lat["e2el"],
+            "curve_x": run.curve_x, "curve_series": run.curve_series,
+            "wall_s": time.perf_counter() - t0, "ttft": lat["ttft"], "tpot": lat["tpot"], "e2el": lat["e2el"],
             "preempted_requests": len(pre), "preempted_e2el_mean": float(np.mean(pre)) if len(pre) else None}
 
 
@@ -349,10 +351,7 @@ def comparison_markdown(spec: ComparisonSpec, table: pd.DataFrame, figures: dict
 
 def plot_groups(spec: ComparisonSpec, results: list[dict], out_dir: Path) -> dict[str, str]:
     """One figure per group: a row per trace, TTFT / TPOT / E2EL CDFs of every variant side by side."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figs = {}
     for g, grp in spec.groups.items():
@@ -374,6 +373,7 @@ def plot_groups(spec: ComparisonSpec, results: list[dict], out_dir: Path) -> dic
                                 color=plt.cm.tab20(k % 20), ls=("-", "--", ":")[(k // 10) % 3])
                     k += 1
                 ax.set_xscale("log")
+                _label_log_minor_ticks(ax.xaxis)
                 ax.set_xlabel(f"{metric.upper()} (ms, log)")
                 ax.set_ylabel("CDF")
                 ax.set_title(f"{t}: {metric.upper()}", fontsize=10)
@@ -385,7 +385,6 @@ def plot_groups(spec: ComparisonSpec, results: list[dict], out_dir: Path) -> dic
         plt.close(fig)
         figs[g] = name
     return figs
-
 
 
 def _sorted_values(values) -> list:
@@ -437,6 +436,24 @@ def _ms_fixed(v) -> str:
     return f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"
 
 
+def _label_log_minor_ticks(axis) -> None:
+    """On a log axis, plain numbers at the powers of ten and at the 2x and 5x minor ticks only (matplotlib labels
+    every minor tick on a short range, and the labels overlap)."""
+    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415 - loaded with pyplot, only when drawing
+
+    def plain(v):
+        return f"{v:.0f}" if v >= 1 else f"{v:g}"
+
+    def minor(v, _pos):
+        if v <= 0:
+            return ""
+        m = v / 10 ** np.floor(np.log10(v) + 1e-9)
+        return plain(v) if np.isclose(m, 2) or np.isclose(m, 5) else ""
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: plain(v) if v > 0 else ""))
+    axis.set_minor_formatter(FuncFormatter(minor))
+
+
 def _powers_of_two(xs) -> bool:
     for x in xs:
         if not (x > 0 and float(x).is_integer() and (int(x) & (int(x) - 1)) == 0):
@@ -447,10 +464,7 @@ def _powers_of_two(xs) -> bool:
 def plot_curves(spec: ComparisonSpec, table: pd.DataFrame, out_dir: Path) -> dict[tuple[str, str], str]:
     """Per group with a ``curve`` and trace: output token throughput, mean TTFT and mean TPOT against x (log2 x
     when every x is a power of two), one line per series value. Returns ``{(group, trace): file name}``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figs = {}
     panels = (("output_token_throughput", 1.0, "output throughput (tok/s)"),
@@ -468,6 +482,9 @@ def plot_curves(spec: ComparisonSpec, table: pd.DataFrame, out_dir: Path) -> dic
             fig, axes = plt.subplots(1, 3, figsize=(15, 4), squeeze=False)
             for j, (col, scale, label) in enumerate(panels):
                 ax = axes[0][j]
+                vals = rows[col].astype(float).to_numpy() * scale
+                vals = vals[np.isfinite(vals) & (vals > 0)]
+                logy = len(vals) > 0 and vals.max() > 20 * vals.min()  # spans decades: log y
                 for k, (sv, sub) in enumerate(_curve_points(rows)):
                     name = f"{c.series}={_fmt_value(sv)}" if c.series else g
                     ax.plot(sub["curve_x"].astype(float), sub[col].astype(float) * scale, marker="o", lw=1.5,
@@ -478,9 +495,13 @@ def plot_curves(spec: ComparisonSpec, table: pd.DataFrame, out_dir: Path) -> dic
                     ax.set_xticks(ticks)
                     ax.set_xticklabels([_fmt_value(x) for x in ticks])
                 ax.set_xlabel(c.x + (" (log2)" if log2 else ""))
-                ax.set_ylabel(label)
+                if logy:
+                    ax.set_yscale("log")
+                    _label_log_minor_ticks(ax.yaxis)
+                else:
+                    ax.set_ylim(bottom=0)
+                ax.set_ylabel(label + (", log" if logy else ""))
                 ax.set_title(f"{t}: {label}", fontsize=10)
-                ax.set_ylim(bottom=0)
                 ax.grid(alpha=0.3)
                 ax.legend(fontsize=8)
             fig.tight_layout()
