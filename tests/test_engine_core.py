@@ -86,6 +86,17 @@ def test_async_pp2_keeps_pp_plus_one_batches_and_waits_pp_steps_before_a_decode_
     assert starts == sorted(starts) and len(starts) == 4
 
 
+def test_async_pp2_a_decode_never_enters_the_pipeline_before_its_previous_token_leaves_it():
+    # four requests in two micro-batches under async PP2: a request's next decode consumes the token its previous
+    # micro-batch samples, so every token takes at least the whole pipeline (1 s) after the one before it
+    env, inst, _ = pp2(opts={"async_scheduling": True}, max_num_batched_tokens=4, max_num_seqs=2)
+    reqs = [req(i, 4, 3) for i in range(4)]
+    submit(env, inst, reqs)
+    env.run()
+    assert all(r.finish_time is not None for r in reqs)
+    assert min((r.finish_time - r.first_token_time) / 2 for r in reqs) >= 1.0
+
+
 class _Drafting(SchedulerBase):
     """vLLM V1, except that request 0, once decoding, is scheduled with 4 draft tokens (1 + 4 query tokens)."""
 

@@ -54,7 +54,7 @@ class Request:
         "blocks", "num_cached_blocks", "block_hashes", "prev_blocks",
         "first_scheduled_time", "first_token_time", "last_token_time", "finish_time",
         "prefix_hit_tokens", "prefix_hit_recorded", "reason", "instance_id", "events",
-        "swapped_tokens", "session_id", "num_swaps", "next_decode_eligible_step", "pool", "stop_at",
+        "swapped_tokens", "session_id", "num_swaps", "next_decode_eligible_step", "token_ready_at", "pool", "stop_at",
     )
 
     def __init__(
@@ -118,6 +118,9 @@ class Request:
         # async scheduling with pipeline parallelism (vLLM V2 runner): the first scheduler step at which a decode of
         # this request may be scheduled again (shared/specs/vllm-v1-scheduling.md §4)
         self.next_decode_eligible_step = 0
+        # async scheduling with pipeline parallelism: when the token its newest in-flight micro-batch samples leaves
+        # the last stage (seconds); a later micro-batch with this request cannot enter stage 0 before then
+        self.token_ready_at = 0.0
         # name of the pool of the instance serving it (lab/cluster); "" in a single-pool deployment
         self.pool = ""
         # output tokens at which the request leaves its instance: max_tokens (it finishes), or fewer when a pool

@@ -23,10 +23,12 @@ class ScheduledStep:
         used_blocks: KV blocks in use right after it was scheduled.
         num_preempted: requests preempted while building it.
         transfer_s: host-link seconds (swap preemption) included in it.
+        not_before: earliest time its first stage may start (seconds): under async pipeline parallelism, when the
+            tokens its decodes consume leave the last stage.
     """
 
     __slots__ = ("requests", "num_new_tokens", "samples", "num_spec_tokens", "shape", "stage_times", "scheduled_at",
-                 "start", "end", "used_blocks", "num_preempted", "transfer_s")
+                 "start", "end", "used_blocks", "num_preempted", "transfer_s", "not_before")
 
     def __init__(self, requests: list[Request], num_new_tokens: list[int], samples: list[bool], shape: BatchShape,
                  stage_times: list[float], scheduled_at: float, used_blocks: int, num_preempted: int,
@@ -43,6 +45,7 @@ class ScheduledStep:
         self.used_blocks = used_blocks
         self.num_preempted = num_preempted
         self.transfer_s = transfer_s
+        self.not_before = 0.0
 
     @property
     def dt(self) -> float:

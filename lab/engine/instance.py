@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from array import array
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Callable
 
 import simpy
@@ -335,15 +336,19 @@ class Instance:
                            and reqs == self.running and news.count(1) == len(news))
         spec = [out.num_spec_tokens.get(r, 0) for r in reqs] if out.num_spec_tokens else None
         before, samples = self._advance(reqs, news, spec, now)
-        if self.pipeline_async:  # V2 runner: a decode is eligible again after pp scheduler steps
+        shape = BatchShape.from_requests(news, before, spec)
+        pool = self.kv.pool
+        used = pool.num_gpu_blocks - 1 - len(pool.free_queue)
+        step = ScheduledStep(reqs, news, samples, shape, [], now, used, len(out.preempted), 0.0, spec)
+        if self.pipeline_async:
+            # V2 runner: a decode is eligible again after pp scheduler steps, and its input token comes from the
+            # micro-batch before it, so this one enters stage 0 only once that token has left the last stage
+            step.not_before = max(r.token_ready_at for r in reqs)
             nxt = self.num_scheduler_steps - 1 + self.options.pipeline_parallel_size
             for r, s in zip(reqs, samples):
                 if s:
                     r.next_decode_eligible_step = nxt
-        shape = BatchShape.from_requests(news, before, spec)
-        pool = self.kv.pool
-        used = pool.num_gpu_blocks - 1 - len(pool.free_queue)
-        return ScheduledStep(reqs, news, samples, shape, [], now, used, len(out.preempted), 0.0, spec)
+        return step
 
     def _advance(self, reqs: list[Request], news: list[int], spec: list[int] | None,
                  now: float) -> tuple[list[int], list[bool]]:
@@ -355,8 +360,7 @@ class Instance:
         add_sample = samples.append
         placeholders = self.async_scheduling
         bs = self.kv.block_size
-        drafts = spec if spec is not None else [0] * len(reqs)
-        for r, n, k in zip(reqs, news, drafts):
+        for r, n, k in zip(reqs, news, spec if spec is not None else repeat(0)):
             c = r.num_computed_tokens
             if r.status is not _RUNNING or len(r.blocks) * bs < c + n:
                 self._bad_request(r, n)
@@ -488,17 +492,19 @@ class Instance:
             self._cont = (step, p.start if q == 0 else float(p.ends[q - 1]), None)
         self.process.interrupt()
 
-    def _jump(self):
-        """Plan and run one fast-forward jump if the state allows it; yields SimPy events. Leaves the window as
-        step-by-step simulation would have it."""
+    def _plan_jump(self) -> tuple[ff.Plan, ScheduledStep | None] | None:
+        """A fast-forward plan from now (and the step in flight it absorbs under async), or None."""
         window = self.window
         first = window.oldest if window.steps else None
         stop = self.stop_time
         if self.waiting:
             stop = min(stop, self.waiting.order_stable_until())  # a jump ends before the waiting order can change
         p = ff.plan(self, stop, first)
-        if p is None:
-            return
+        return None if p is None else (p, first)
+
+    def _jump(self, p: ff.Plan, first: ScheduledStep | None):
+        """Run one fast-forward jump; yields SimPy events. Leaves the window as step-by-step simulation would."""
+        window = self.window
         if first is not None:
             window.pop_oldest()
         self._plan = p
@@ -540,15 +546,19 @@ class Instance:
         jump_depth = 1 if self.async_scheduling else 0  # steps in flight when a jump may start
         while True:
             if self._ff and len(in_flight) == jump_depth and ff.steady_batch(self):
-                n_before = self.num_jumps
-                yield from self._jump()
-                if self.num_jumps != n_before:
+                jump = self._plan_jump()
+                if jump is not None:
+                    yield from self._jump(*jump)
                     continue
             while len(in_flight) < depth:
                 step = self._launch()
                 if step is None:
                     break
                 window.submit(step, self.now)
+                if self.pipeline_async:
+                    for r, sampled in zip(step.requests, step.samples):
+                        if sampled:
+                            r.token_ready_at = step.end
             if not in_flight:
                 if not self.running and not self.waiting:
                     self.wakeup_event = env.event()

@@ -77,9 +77,10 @@ class InFlightWindow:
 
     def submit(self, step: ScheduledStep, now: float) -> None:
         """Place ``step`` (submitted at ``now``) on the pipeline: set its ``start`` (first stage) and ``end`` (last
-        stage) and append it. Stages run micro-batches in submission order."""
+        stage) and append it. Stages run micro-batches in submission order; the first stage starts no earlier than
+        ``step.not_before`` (the tokens it consumes must have left the last stage)."""
         free = self.stage_free
-        t = now
+        t = now if now >= step.not_before else step.not_before
         for i, dt in enumerate(step.stage_times):
             begin = t if t >= free[i] else free[i]
             if i == 0:

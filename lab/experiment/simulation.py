@@ -295,13 +295,16 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         for inst in instances:
             inst.arrival_hint = inst.expected_next_arrival
 
+    # one pool of one instance: arrivals go straight to it (no router, no hand-off)
+    arrive = instances[0].add_request if len(built) == 1 and len(instances) == 1 else cluster.arrive
+
     def arrivals():
         for r in reqs:
             nxt[0] = r.arrival_time
             dt = r.arrival_time - env.now
             if dt > 0:
                 yield env.timeout(dt)
-            cluster.arrive(r)
+            arrive(r)
         nxt[0] = float("inf")
 
     env.process(arrivals())
