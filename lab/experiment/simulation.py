@@ -81,7 +81,7 @@ class SimResult:
     info: dict = field(default_factory=dict)
     pools: list = field(default_factory=list)  # (pool name, Deployment), configuration order
     groups: list = field(default_factory=list)  # lock-step groups of DP ranks
-    cluster: object = None
+    cluster: Cluster | None = None
 
 
 class _RouterView:

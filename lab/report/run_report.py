@@ -64,9 +64,10 @@ def events_frame(result: SimResult) -> pd.DataFrame:
 def instances_table(req: pd.DataFrame, result: SimResult, duration: float) -> list[dict]:
     """Per-instance metrics (issue #5): requests routed, finished, TTFT/TPOT/E2EL mean and p99 (s), output
     token throughput over the cluster's duration, preemptions, prefix-hit tokens, busy fraction, steps and
-    swap (host-link) time."""
+    swap (host-link) time, pool, and dummy steps (lock-stepped DP ranks with nothing to run)."""
     rows = []
     dur = duration if duration > 0 else float("nan")
+    dummy = {rank.instance_id: n for g in result.groups for rank, n in zip(g.ranks, g.num_dummy_steps)}
     for inst in result.instances:
         i = inst.instance_id
         r = req[req["instance"] == i]
@@ -84,7 +85,8 @@ def instances_table(req: pd.DataFrame, result: SimResult, duration: float) -> li
             "e2el_mean": stat("e2el", np.mean), "e2el_p99": stat("e2el", lambda a: np.percentile(a, 99)),
             "output_token_throughput": float(fin["output_tokens"].sum()) / dur,
             "num_preemptions": int(r["num_preemptions"].sum()), "prefix_hit_tokens": int(r["prefix_hit_tokens"].sum()),
-            "num_steps": int(len(inst.steps)), "busy_fraction": inst.busy_time / dur,
+            "num_steps": int(len(inst.steps)), "busy_fraction": inst.busy_time / dur, "pool": inst.pool,
+            "dummy_steps": dummy.get(inst.instance_id, 0),
             "transfer_s": inst.transfer_total,
         })
     return rows
@@ -119,6 +121,12 @@ def collect(result: SimResult, steps: pd.DataFrame | None = None) -> tuple[pd.Da
     }
     if dep.kv_capacity is not None:
         summary["deployment"]["kv_capacity"] = dep.kv_capacity.as_dict()
+    summary["deployment"]["pools"] = [
+        {"name": name, "gpu": d.hardware.name, "num_instances": sum(1 for i in result.instances if i.pool == name),
+         "max_num_seqs": d.scheduler_config.max_num_seqs, "num_gpu_blocks": d.num_gpu_blocks,
+         "cost_model": d.cost_model.name} for name, d in result.pools if name]
+    summary["deployment"]["lock_step_groups"] = len(result.groups)
+    summary["deployment"]["hand_offs"] = result.cluster.num_hand_offs if result.cluster is not None else 0
     summary["simulation"] = {"sim_end_s": result.sim_end, "wall_time_s": result.wall_time_s,
                              "seed": exp.seed, "fast_forward_jumps": sum(i.num_jumps for i in result.instances),
                              "fast_forward_steps": sum(i.jumped_steps for i in result.instances),
