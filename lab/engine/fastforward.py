@@ -35,14 +35,15 @@ MAX_JUMP_STEPS = 4096
 class Plan:
     """A planned stretch of decode steps.
 
-    Schedules j = 0..k-1 are planned; request i takes part in schedules j < rem[i]. Sync: schedule j executes as
+    Schedules j = 0..num_schedules-1 are planned; request i (``reqs[i]``, with ``computed0[i]`` computed tokens and
+    ``outputs0[i]`` outputs at the start) takes part in schedules j < rem[i]. Sync: schedule j executes as
     step j, in [ends[j-1], ends[j]). Async: the step already in flight (``first``) executes as step 0 and schedule j
     as step j+1, one step after it was scheduled; the last schedule is left in flight when the jump ends.
     """
 
-    __slots__ = ("reqs", "rem", "C0", "O0", "k", "dts", "ends", "events", "start", "first", "async_",
-                 "applied_sched", "applied_out", "num_waiting", "new_first", "used", "finish_at", "sizes",
-                 "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "bs", "ends_l")
+    __slots__ = ("reqs", "rem", "computed0", "outputs0", "num_schedules", "dts", "ends", "events", "start", "first",
+                 "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "used", "finish_at", "sizes",
+                 "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -85,8 +86,8 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
         first = None
     waiting = bool(inst.waiting)
     caching = kv.enable_prefix_caching
-    C0 = []
-    O0 = []
+    computed0 = []
+    outputs0 = []
     rem = []
     new_first = 0
     for r in running:
@@ -107,8 +108,8 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
         # guarantees it, so it is not re-checked here; registered blocks are, for content others can hit)
         if caching and r.num_cached_blocks != ((c - 1) // bs if async_ else c // bs) and not unique_content(r):
             return None
-        C0.append(c)
-        O0.append(o)
+        computed0.append(c)
+        outputs0.append(o)
         rem.append(r.stop_at - o - p)
     # Request i finishes at the output of step f_i: sync rem-1, async rem (step 0 is the one in flight).
     fin = [m if async_ else m - 1 for m in rem]
@@ -126,7 +127,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
     sizes = opt.cudagraph_sizes
     hint = inst.arrival_hint()
     order = sorted(range(len(rem)), key=rem.__getitem__)
-    by_rem = [C0[i] for i in order]
+    by_rem = [computed0[i] for i in order]
     n = len(order)
     rev = by_rem[::-1]
     suffix = np.array([list(accumulate(rev))[::-1] + [0], list(accumulate(rev, max))[::-1] + [0],
@@ -169,14 +170,14 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
     # takes a block at schedules j0, j0 + bs, ... below min(rem, k); count them all first (the common case fits).
     free = len(kv.pool.free_queue)
     total = 0
-    for c, m in zip(C0, rem):
+    for c, m in zip(computed0, rem):
         j0 = (-c) % bs
         top = m if m < k else k
         if top > j0:
             total += (top - j0 + bs - 1) // bs
     if total > free:
         allocs = [0] * k
-        for c, m in zip(C0, rem):
+        for c, m in zip(computed0, rem):
             for j in range((-c) % bs, min(m, k), bs):
                 allocs[j] += 1
         total = 0
@@ -190,12 +191,12 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
     p = Plan()
     p.reqs = list(running)
     p.rem = rem
-    p.C0 = C0
-    p.O0 = O0
-    p.k = k
+    p.computed0 = computed0
+    p.outputs0 = outputs0
+    p.num_schedules = k
     p.dts = dts[:k]
     p.ends = ends[:k]
-    p.ends_l = p.ends.tolist()
+    p.ends_list = p.ends.tolist()
     p.start = env_now
     p.first = first
     p.async_ = async_
@@ -205,7 +206,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
     # requests whose content is unique register nothing anyone can hit: only their count of full blocks matters,
     # which _sync_counters keeps
     unique = [unique_content(r) for r in running]
-    p.events = _block_events(C0, rem, k, bs, async_, caching, unique)
+    p.events = _block_events(computed0, rem, k, bs, async_, caching, unique)
     # completions by step: step q -> positions finishing at its output, in batch order
     finish_at: dict[int, list[int]] = {}
     for i, f in enumerate(fin):
@@ -213,7 +214,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
             finish_at.setdefault(f, []).append(i)
     p.finish_at = finish_at
     p._counts = counts[:k]
-    p.bs = bs
+    p.block_size = bs
     p.caching_unique = unique if caching else [False] * len(unique)
     return p
 
@@ -231,17 +232,17 @@ def _pad_table(sizes: tuple[int, ...], top: int) -> np.ndarray:
     return t
 
 
-def _block_events(C0: list[int], rem: list[int], k: int, bs: int, async_: bool, caching: bool,
+def _block_events(computed0: list[int], rem: list[int], k: int, bs: int, async_: bool, caching: bool,
                   unique: list[bool]) -> list[tuple[int, int, int]]:
     """(schedule j, request position, kind) in execution order; kind 0 = take a new block, 1 = register the
     block that just filled. Within one request's allocation the new block comes first (vLLM ``allocate_slots``)."""
     ev = []
-    for i, c in enumerate(C0):
+    for i, c in enumerate(computed0):
         top = min(rem[i], k)
         for j in range((-c) % bs, top, bs):
             ev.append((j, i, 0))
         if caching and not unique[i]:
-            # sync: a block fills when C0 + j + 1 is a multiple of bs; async (one token behind): when C0 + j is
+            # sync: a block fills when computed0 + j + 1 is a multiple of bs; async (one token behind): when computed0 + j is
             for j in range(((-c) % bs) if async_ else ((-c - 1) % bs), top, bs):
                 ev.append((j, i, 1))
     ev.sort()
@@ -271,11 +272,11 @@ def step_for(plan: Plan, j: int) -> ScheduledStep:
     """The engine's step object for planned schedule ``j`` (scheduled at its planned time)."""
     idx = [i for i, m in enumerate(plan.rem) if m > j]
     reqs = [plan.reqs[i] for i in idx]
-    ctx = [plan.C0[i] + j for i in idx]
+    ctx = [plan.computed0[i] + j for i in idx]
     B = len(reqs)
     shape = BatchShape.decode_only(ctx, sum(ctx), max(ctx), min(ctx))
     shape.padded_tokens = padded_size(plan.sizes, B)
-    at = plan.start if j == 0 else plan.ends_l[j - 1]
+    at = plan.start if j == 0 else plan.ends_list[j - 1]
     used = plan.used[j] if j < len(plan.used) else 0
     return ScheduledStep(reqs, [1] * B, [True] * B, shape, [float(plan.dts[j])], at, used, 0)
 
@@ -286,9 +287,9 @@ def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
     the last token."""
     reqs = plan.reqs
     async_ = plan.async_
-    ends_l = plan.ends_l
+    ends_list = plan.ends_list
     cu = plan.caching_unique
-    bs = plan.bs
+    bs = plan.block_size
     for i in indices:
         r = reqs[i]
         m = plan.rem[i]
@@ -299,16 +300,16 @@ def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
         else:
             out = n_out if n_out < m else m
             in_flight = sched - out
-        c = plan.C0[i] + sched
+        c = plan.computed0[i] + sched
         r.num_computed_tokens = c
-        r.num_output_tokens = plan.O0[i] + out
+        r.num_output_tokens = plan.outputs0[i] + out
         r.num_output_placeholders = in_flight if async_ else 0
         r.inflight_tokens = in_flight
         if cu[i]:
             # full blocks registered by the last schedule: min(C, num_tokens at that schedule) // block_size
             r.num_cached_blocks = (c - 1) // bs if async_ else c // bs
         if out:
-            r.last_token_time = ends_l[out - 1]
+            r.last_token_time = ends_list[out - 1]
 
 
 def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
@@ -347,7 +348,7 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
                 r.blocks.append(pool.get_new_block())
                 cur += 1
             else:
-                kv.register_full_blocks(r, (plan.C0[i] + j + 1) // bs if not async_ else (plan.C0[i] + j) // bs)
+                kv.register_full_blocks(r, (plan.computed0[i] + j + 1) // bs if not async_ else (plan.computed0[i] + j) // bs)
             ev_pos += 1
         if s_end > j_prev:
             used.extend([cur] * (s_end - j_prev))
@@ -374,7 +375,7 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     q = q0
     if async_ and q == 0:
         first = plan.first
-        end = plan.ends_l[0]
+        end = plan.ends_list[0]
         sh = first.shape
         B = len(first.requests)
         if B - plan.new_first:
@@ -398,8 +399,8 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     qb = q1 - 1 if last_fin else q1  # outputs q..qb-1 in bulk
     if qb > q:
         js = slice(q - off, qb - off)
-        e = plan.ends_l[q:qb]
-        st = [plan.start if q == 0 else plan.ends_l[q - 1]] + e[:-1]
+        e = plan.ends_list[q:qb]
+        st = [plan.start if q == 0 else plan.ends_list[q - 1]] + e[:-1]
         ds = plan.dts[js].tolist()
         bs_ = counts[js].tolist()
         us = plan.used[q - off:qb - off]
@@ -413,8 +414,8 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     if last_fin:
         q = q1 - 1
         j = q - off
-        end = plan.ends_l[q]
-        start = plan.start if q == 0 else plan.ends_l[q - 1]
+        end = plan.ends_list[q]
+        start = plan.start if q == 0 else plan.ends_list[q - 1]
         B = int(counts[j])
         inst.itl.add(end - start, B)
         _finishes(inst, plan, q, n_sched)
@@ -435,7 +436,7 @@ def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
     if not done:
         return
     kv = inst.kv
-    end = plan.ends_l[q]
+    end = plan.ends_list[q]
     _sync_counters(plan, done, n_sched, q + 1)
     for i in done:
         inst.complete(plan.reqs[i], end)
@@ -451,4 +452,4 @@ def progress_at(plan: Plan, t: float) -> tuple[int, int, int]:
     step q executes, schedules 0..q are done (sync: step q is schedule q; async: schedule q is the one made at the
     start of step q, to execute next)."""
     done = int(np.searchsorted(plan.ends, t, side="right"))  # steps with end <= t
-    return min(done + 1, plan.k), done, done
+    return min(done + 1, plan.num_schedules), done, done

@@ -259,7 +259,7 @@ class Instance:
     def _before_arrival(self) -> None:
         p = self._plan
         if p is not None:
-            if self.env.now > (p.start if p.k == 1 else p.ends_l[p.k - 2]):
+            if self.env.now > (p.start if p.num_schedules == 1 else p.ends_list[p.num_schedules - 2]):
                 # It arrives during the jump's last step, whose schedule is already made: nothing before the jump
                 # ends can see it, so the jump runs to its end (the step records count it as waiting).
                 p.deferred_arrivals += 1
@@ -481,8 +481,8 @@ class Instance:
             self.jumping.discard(self)
         n_sched, n_out, q = ff.progress_at(p, self.env.now)
         ff.apply(self, p, n_sched, n_out)
-        if n_out >= p.k:  # the jump is complete at this very instant
-            self._cont = (None, None, ff.step_for(p, p.k - 1) if p.async_ else None)
+        if n_out >= p.num_schedules:  # the jump is complete at this very instant
+            self._cont = (None, None, ff.step_for(p, p.num_schedules - 1) if p.async_ else None)
         elif p.async_:
             step = p.first if q == 0 else ff.step_for(p, q - 1)
             start = p.start if q == 0 else float(p.ends[q - 1])
@@ -524,18 +524,18 @@ class Instance:
                 yield env.timeout(delay_until(env.now, step.end))
                 self.finish_step(step)
             if nxt is not None:
-                window.resume(nxt, step.end if step is not None else p.ends_l[-1])
+                window.resume(nxt, step.end if step is not None else p.ends_list[-1])
             return
         self._plan = None
         if self.jumping is not None:
             self.jumping.discard(self)
-        self.clock = p.ends_l[-1]
-        ff.apply(self, p, p.k, p.k)
+        self.clock = p.ends_list[-1]
+        ff.apply(self, p, p.num_schedules, p.num_schedules)
         if p.deferred_arrivals:
             self.steps.add_waiting(p.deferred_arrivals)
-        self.jumped_steps += p.k
+        self.jumped_steps += p.num_schedules
         if p.async_:
-            window.resume(ff.step_for(p, p.k - 1), self.clock)
+            window.resume(ff.step_for(p, p.num_schedules - 1), self.clock)
 
     # ---- the engine loop ----
     def _loop(self):
