@@ -10,6 +10,7 @@ the ratio. Without it the reference figures measured on a 2-core machine are pri
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -18,6 +19,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import pandas as pd
+
+from lab.experiment.config import load_experiment
+from lab.experiment.simulation import build_requests, simulate
 
 WORKLOADS = {
     "azure_conv": "bench/azure_conv.yaml",
@@ -56,9 +62,6 @@ class BenchResult:
 
 def worker(experiment: str, data_dir: str | None, overrides: str | None) -> None:
     """Run one workload and print one JSON line of figures (called in a child process)."""
-    from lab.experiment.config import load_experiment
-    from lab.experiment.simulation import build_requests, simulate
-
     t0 = time.perf_counter()
     over = json.loads(overrides) if overrides else None
     exp = load_experiment(experiment, data_dir, over)
@@ -117,8 +120,6 @@ def vidur_trace_as_csv(vidur_trace: str, out_csv: str, max_tokens: int = 4096, t
     Raises:
         ValueError: the file lacks those columns.
     """
-    import pandas as pd
-
     df = pd.read_csv(vidur_trace)
     need = {"arrived_at", "num_prefill_tokens", "num_decode_tokens"}
     if not need <= set(df.columns):
@@ -175,8 +176,6 @@ def run_vidur(vidur_dir: str, python: str, trace: str, model: str = "meta-llama/
 
 
 if __name__ == "__main__":
-    import argparse
-
     ap = argparse.ArgumentParser(description="servelab benchmark worker: run one workload, print figures as JSON")
     ap.add_argument("experiment")
     ap.add_argument("--data-dir")

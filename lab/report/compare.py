@@ -18,6 +18,7 @@ so a field left at its default resolves too. Per trace, the group then gets a ta
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -29,7 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from lab.experiment.config import ConfigError, _format_errors, deep_merge, parse_experiment, read_yaml
 from lab.report.metrics import latency_samples
+from lab.experiment.simulation import simulate
 from lab.report.plots import pyplot
+from lab.report.run_report import write_report
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
 _PATH = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"  # a dotted field path: engine.max_num_seqs
@@ -72,8 +75,6 @@ class ComparisonSpec(_Strict):
 
     @model_validator(mode="after")
     def _names(self) -> "ComparisonSpec":
-        import re
-
         for g, grp in self.groups.items():
             for t in grp.traces:
                 if t not in self.traces:
@@ -196,9 +197,6 @@ def load_comparison(path: str | Path, data_dir: str | Path | None = None,
 
 def _run_one(run: Run, out_dir: str) -> dict:
     """Worker: simulate one run, write its report (no plots), return its summary and latency samples."""
-    from lab.report.run_report import write_report
-    from lab.experiment.simulation import simulate
-
     exp = parse_experiment(run.data, run.source, Path(run.base_dir), run.data_dir)
     t0 = time.perf_counter()
     result = simulate(exp)
