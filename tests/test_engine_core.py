@@ -375,3 +375,37 @@ def test_pp2_an_arrival_while_the_engine_blocks_on_its_oldest_batch_joins_the_ne
     submit(env, inst, [a, b])
     env.run()
     assert b.first_scheduled_time == 1.0 and (a.finish_time, b.finish_time) == (20.0, 21.0)
+
+
+def test_a_handed_off_requests_events_and_rows_name_every_instance_that_served_it():
+    from lab.report.metrics import requests_frame
+    from lab.report.run_report import collect, events_frame
+
+    data = {"name": "pools", "model": {"name": "Llama-3.1-8B"}, "engine": {"max_num_seqs": 16},
+            "workload": {"num_requests": 4, "rate": 2.0, "prompt_tokens": {"kind": "constant", "value": 100},
+                         "output_tokens": {"kind": "constant", "value": 5}},
+            "pools": [{"name": "p", "hand_off": {"to": "d"}}, {"name": "d"}],
+            "simulation": {"progress": False, "record_events": True}}
+    res = simulate(parse_experiment(data))
+    ev = events_frame(res)
+    first = ev[ev.request_id == "0"].set_index("event")["instance"]
+    assert (first["arrived"], first["first_token"], first["handed_off"]) == (0, 0, 0)
+    assert (first["received"], first["finished"]) == (1, 1)
+    req = requests_frame(res.requests)
+    assert set(req.served_by) == {"0,1"} and set(req.pool) == {"d"}
+    _, summary = collect(res)
+    assert [i["num_requests"] for i in summary["instances"]] == [4, 4]
+    assert summary["deployment"]["hand_offs"] == 4 and [p["name"] for p in summary["deployment"]["pools"]] == ["p", "d"]
+
+
+def test_layout_errors_name_the_field():
+    from lab.experiment.config import ConfigError
+
+    with pytest.raises(ConfigError, match="data_parallel_lock_step: lock-step needs data_parallel_size > 1"):
+        parse_experiment({"name": "x", "hardware": {"data_parallel_lock_step": True}})
+    with pytest.raises(ValueError, match=r"hardware.pipeline_parallel_size: 64 pipeline stages exceed the model's 32 layers"):
+        simulate(parse_experiment({"name": "x", "hardware": {"pipeline_parallel_size": 64},
+                                   "simulation": {"progress": False}}))
+    with pytest.raises(ValueError, match=r"pools\[1\] d: hardware.pipeline_parallel_size"):
+        simulate(parse_experiment({"name": "x", "pools": [{"name": "p"}, {"name": "d", "hardware": {
+            "pipeline_parallel_size": 64}}], "simulation": {"progress": False}}))

@@ -54,7 +54,7 @@ class Request:
         "blocks", "num_cached_blocks", "block_hashes", "prev_blocks",
         "first_scheduled_time", "first_token_time", "last_token_time", "finish_time",
         "prefix_hit_tokens", "prefix_hit_recorded", "reason", "instance_id", "events",
-        "swapped_tokens", "session_id", "num_swaps", "next_decode_eligible_step", "token_ready_at", "pool", "stop_at",
+        "swapped_tokens", "session_id", "num_swaps", "next_decode_eligible_step", "token_ready_at", "pool", "stop_at", "served_by",
     )
 
     def __init__(
@@ -126,6 +126,8 @@ class Request:
         # output tokens at which the request leaves its instance: max_tokens (it finishes), or fewer when a pool
         # hands it on to another pool after that many tokens (lab/cluster; prefill/decode disaggregation)
         self.stop_at = self.max_tokens
+        # instances that served it, in order (more than one only when a pool handed it on)
+        self.served_by: list[int] = []
 
     @property
     def num_tokens(self) -> int:

@@ -222,6 +222,7 @@ class Instance:
         self._last_arrival = now
         request.instance_id = self.instance_id
         request.pool = self.pool
+        request.served_by.append(self.instance_id)
         if self.record_events:
             request.events = [(self.now, "arrived")]
         reason = self.rejection_reason(request)
@@ -239,6 +240,7 @@ class Instance:
         source = request.pool
         request.instance_id = self.instance_id
         request.pool = self.pool
+        request.served_by.append(self.instance_id)
         reason = self.rejection_reason(request)
         if reason:
             self._reject(request, reason)

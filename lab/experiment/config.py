@@ -307,6 +307,9 @@ class Experiment(_Strict):
         if ep > 1 and ep != tp * dp:
             raise ValueError(f"hardware.expert_parallel_size ({ep}) must equal tensor_parallel_size x "
                              f"data_parallel_size ({tp} x {dp}), as vLLM requires, or be 1")
+        if h.data_parallel_lock_step and dp == 1:
+            raise ValueError("hardware.data_parallel_lock_step: lock-step needs data_parallel_size > 1 (the DP ranks "
+                             "that step together), got 1")
         if dp > 1 and self.cluster.num_instances % dp:
             raise ValueError(f"cluster.num_instances ({self.cluster.num_instances}) must be a multiple of "
                              f"hardware.data_parallel_size ({dp}): each DP rank is one instance")

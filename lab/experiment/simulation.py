@@ -159,6 +159,9 @@ def build_deployment(exp: Experiment) -> Deployment:
     m = exp.model
     model = load_model(m.name, exp.path(m.hf_config, "model.hf_config") if m.hf_config else None)
     hw = load_hardware(exp.hardware.gpu)
+    if exp.hardware.pipeline_parallel_size > model.num_layers:
+        raise ValueError(f"hardware.pipeline_parallel_size: {exp.hardware.pipeline_parallel_size} pipeline stages "
+                         f"exceed the model's {model.num_layers} layers ({model.name})")
     tp = exp.hardware.tensor_parallel_size
     e = exp.engine
     ver = VERSION_DEFAULTS[e.vllm_version]
@@ -253,7 +256,7 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         lab.core.sched_api.SchedulerContractError: a scheduler broke the contract during the run.
     """
     t0 = time.perf_counter()
-    pools = [(cfg, sub, build_deployment(sub)) for cfg, sub in pool_experiments(exp)]
+    pools = [(cfg, sub, _build_pool_deployment(cfg, i, sub)) for i, (cfg, sub) in enumerate(pool_experiments(exp))]
     reqs = requests if requests is not None else build_requests(exp)
     env = simpy.Environment()
     itl = WeightedSamples()
@@ -313,6 +316,16 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     return SimResult(exp, pools[0][2], reqs, instances, itl, float(env.now), time.perf_counter() - t0,
                      pools=[(cfg.name if cfg is not None else "", dep) for cfg, _, dep in pools], groups=groups,
                      cluster=cluster)
+
+
+def _build_pool_deployment(cfg, index: int, exp: Experiment) -> Deployment:
+    """build_deployment for one pool; an error names the pool."""
+    try:
+        return build_deployment(exp)
+    except ValueError as e:
+        if cfg is None:
+            raise
+        raise ValueError(f"pools[{index}] {cfg.name}: {e}") from None
 
 
 @dataclass(frozen=True)

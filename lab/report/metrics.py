@@ -20,7 +20,7 @@ from lab.core.request import Request, RequestStatus
 REQUEST_COLUMNS = [
     "request_id", "instance", "priority", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
     "prompt_tokens", "output_tokens", "generated_tokens", "ttft", "tpot", "e2el", "queue_time", "num_preemptions",
-    "prefix_hit_tokens", "status", "reason", "pool",
+    "prefix_hit_tokens", "status", "reason", "pool", "served_by",
 ]
 
 DEFAULT_PERCENTILES = (50, 90, 95, 99)
@@ -75,11 +75,13 @@ def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
             r.prompt_len, r.max_tokens, r.num_output_tokens, ttft, tpot, e2el,
             (r.first_scheduled_time - arr) if r.first_scheduled_time is not None else nan,
             r.num_preemptions, r.prefix_hit_tokens, _STATUS.get(r.status, "unfinished"), r.reason, r.pool,
+            ",".join(map(str, r.served_by)),
         ))
     df = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
     df["request_id"] = df["request_id"].astype(str)
     df["reason"] = df["reason"].astype(str)
     df["pool"] = df["pool"].astype(str)
+    df["served_by"] = df["served_by"].astype(str)
     return df
 
 

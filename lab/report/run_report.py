@@ -56,8 +56,16 @@ def events_frame(result: SimResult) -> pd.DataFrame:
     """One row per lifecycle event of every request (arrived, scheduled, preempted, resumed, first_token,
     finished, rejected), when the run recorded them: request_id, instance, time, event and detail (why: the
     preemption cause and mode, swap-in or recompute with its prefix hit, ...)."""
-    rows = [(r.request_id, r.instance_id, e[0], e[1], e[2] if len(e) > 2 else "")
-            for r in result.requests if r.events for e in r.events]
+    rows = []
+    for r in result.requests:
+        if not r.events:
+            continue
+        served = r.served_by or [r.instance_id]
+        hop = 0  # a "received" event starts the request's stay on the next instance that served it
+        for e in r.events:
+            if e[1] == "received" and hop + 1 < len(served):
+                hop += 1
+            rows.append((r.request_id, served[hop], e[0], e[1], e[2] if len(e) > 2 else ""))
     return pd.DataFrame.from_records(rows, columns=["request_id", "instance", "time", "event", "detail"])
 
 
@@ -68,9 +76,13 @@ def instances_table(req: pd.DataFrame, result: SimResult, duration: float) -> li
     rows = []
     dur = duration if duration > 0 else float("nan")
     dummy = {rank.instance_id: n for g in result.groups for rank, n in zip(g.ranks, g.num_dummy_steps)}
+    # with hand-offs a request counts on every instance that served it (its latencies are end-to-end)
+    served_elsewhere = any(len(q.served_by) > 1 for q in result.requests)
+    visited = {inst.instance_id: [inst.instance_id in q.served_by for q in result.requests]
+               for inst in result.instances} if served_elsewhere else {}
     for inst in result.instances:
         i = inst.instance_id
-        r = req[req["instance"] == i]
+        r = req[visited[i]] if served_elsewhere else req[req["instance"] == i]
         fin = r[r["status"] == "finished"]
 
         def stat(col: str, fn) -> float | None:
@@ -183,6 +195,20 @@ def _json_default(o):
     raise TypeError(type(o))
 
 
+def _layout(d: dict) -> str:
+    """Pipeline, DP/EP, lock-step and pools, for the report's first line ('' for a plain deployment)."""
+    parts = []
+    if d.get("pipeline_parallel_size", 1) > 1:
+        parts.append(f"PP{d['pipeline_parallel_size']}")
+    if d.get("data_parallel_size", 1) > 1:
+        parts.append(f"DP{d['data_parallel_size']} x EP{d['expert_parallel_size']}"
+                     + (f", {d['lock_step_groups']} lock-step group(s)" if d.get("lock_step_groups") else ""))
+    if d.get("pools"):
+        pools = ", ".join(f"{p['name']} ({p['num_instances']} x {p['gpu']})" for p in d["pools"])
+        parts.append(f"pools {pools}, {d.get('hand_offs', 0)} hand-offs")
+    return "; " + "; ".join(parts) if parts else ""
+
+
 def markdown(summary: dict, figures: list[tuple[str, str]]) -> str:
     """The report page: headline table, latency table, engine statistics, then the figures."""
     d = summary["deployment"]
@@ -191,7 +217,8 @@ def markdown(summary: dict, figures: list[tuple[str, str]]) -> str:
              f"({d['queue']}), cost model `{d['cost_model']}`, {d['num_gpu_blocks']} KV blocks of {d['block_size']} "
              f"tokens ({d['num_gpu_blocks_source']}), max_num_batched_tokens {d['max_num_batched_tokens']}, "
              f"max_num_seqs {d['max_num_seqs']}; preemption {d['preemption']['mode']} "
-             f"(victim {d['preemption']['victim']}); {d['num_instances']} instance(s), router `{d['router']}`.", "",
+             f"(victim {d['preemption']['victim']}); {d['num_instances']} instance(s), router `{d['router']}`"
+             f"{_layout(d)}.", "",
              "| requests | finished | rejected | unfinished | duration (s) | req/s | output tok/s | total tok/s | preemptions |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
              f"| {summary['num_requests']} | {summary['num_finished']} | {summary['num_rejected']} | "
