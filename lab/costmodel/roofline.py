@@ -115,7 +115,7 @@ class RooflineCostModel(CostModelBase):
         if shape.prefill_new or shape.verify_new:
             pairs = 0.0
             kv_tokens = 0
-            for q, c in shape.query_chunks():
+            for q, c in (shape.query_chunks() if shape.verify_new else zip(shape.prefill_new, shape.prefill_context)):
                 pairs += q * (c + (q + 1) / 2.0)
                 kv_tokens += c + q
             byts = kv_tokens * self.kv_layer_bytes + 2 * shape.num_prefill_tokens * self.heads * max(m.head_dim, m.v_head_dim) * self.abytes

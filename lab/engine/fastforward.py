@@ -219,17 +219,17 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
     return p
 
 
-_PAD_TABLES: dict[tuple, np.ndarray] = {}
+_PAD_TABLES: dict[tuple, tuple] = {}
 
 
 def _pad_table(sizes: tuple[int, ...], top: int) -> np.ndarray:
     """Padded token count of a pure-decode step by its batch size 0..top+1 (0 = above the largest CUDA-graph size),
     built once per (sizes, top)."""
-    key = (sizes, top)
-    t = _PAD_TABLES.get(key)
-    if t is None:
-        t = _PAD_TABLES[key] = padded_size_table(sizes, top + 1)
-    return t
+    key = (id(sizes), top)  # the options' tuple lives as long as the run; hashing its ~35 sizes per plan costs more
+    hit = _PAD_TABLES.get(key)
+    if hit is None or hit[0] is not sizes:
+        hit = _PAD_TABLES[key] = (sizes, padded_size_table(sizes, top + 1))
+    return hit[1]
 
 
 def _block_events(computed0: list[int], rem: list[int], k: int, bs: int, async_: bool, caching: bool,
