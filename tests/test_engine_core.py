@@ -409,3 +409,11 @@ def test_layout_errors_name_the_field():
     with pytest.raises(ValueError, match=r"pools\[1\] d: hardware.pipeline_parallel_size"):
         simulate(parse_experiment({"name": "x", "pools": [{"name": "p"}, {"name": "d", "hardware": {
             "pipeline_parallel_size": 64}}], "simulation": {"progress": False}}))
+
+
+def test_pool_policy_errors_name_the_pools_own_field():
+    from lab.experiment.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"pools\[1\] d\]: pools\[1\].router: unknown router 'least_rquests'"):
+        parse_experiment({"name": "x", "pools": [{"name": "p", "hand_off": {"to": "d"}},
+                                                 {"name": "d", "router": "least_rquests"}]})

@@ -72,7 +72,8 @@ class Cluster:
         targets = {p.hand_off.to for p in pools if p.hand_off is not None}
         self.entry = [p for p in pools if p.name not in targets]
         if not self.entry:
-            raise ValueError("every pool is a hand-off target: no pool takes arrivals")
+            cycle = ", ".join(f"{p.name} -> {p.hand_off.to}" for p in pools if p.hand_off is not None)
+            raise ValueError(f"every pool is a hand-off target, so no pool takes arrivals (hand-offs: {cycle})")
         self.entry_instances = [i for p in self.entry for i in p.instances]
         self.entry_views = [v for p in self.entry for v in p.views]
         self.num_hand_offs = 0

@@ -426,8 +426,16 @@ def check_policies(exp: Experiment, source: str) -> None:
     except PolicyError as e:
         raise ConfigError(f"{source}: {e}") from None
     if exp.pools:
-        for _, sub in pool_experiments(exp):
-            check_policies(sub, sub.source)
+        for i, (pool, sub) in enumerate(pool_experiments(exp)):
+            try:
+                check_scheduler(sub.policy.scheduler, sub.base_dir, sub.policy.options)
+                check_router(sub.cluster.router, sub.base_dir, sub.cluster.router_options)
+            except PolicyError as e:
+                msg = str(e)
+                if pool is not None and pool.router is not None:  # the pool's own router field, not cluster.router
+                    msg = msg.replace("cluster.router_options", f"pools[{i}].router_options").replace(
+                        "cluster.router", f"pools[{i}].router")
+                raise ConfigError(f"{sub.source}: {msg}") from None
 
 
 def load_experiment(path: str | Path, data_dir: str | Path | None = None,
