@@ -417,3 +417,19 @@ def test_pool_policy_errors_name_the_pools_own_field():
     with pytest.raises(ConfigError, match=r"pools\[1\] d\]: pools\[1\].router: unknown router 'least_rquests'"):
         parse_experiment({"name": "x", "pools": [{"name": "p", "hand_off": {"to": "d"}},
                                                  {"name": "d", "router": "least_rquests"}]})
+
+
+@pytest.mark.parametrize("answer", [-1, 99, None, 1.0, True])
+def test_a_router_returning_no_valid_instance_stops_the_run(monkeypatch, answer):
+    import policies
+    from lab.cluster.cluster import RouterError
+
+    class Bad:
+        def route(self, request, instances, now):
+            return answer
+
+    monkeypatch.setitem(policies._ROUTERS, "bad_router", Bad)
+    exp = parse_experiment({"name": "x", "cluster": {"num_instances": 2, "router": "bad_router"},
+                            "workload": {"num_requests": 3}, "simulation": {"progress": False}})
+    with pytest.raises(RouterError, match=f"router Bad returned {answer!r}; expected an instance index 0..1"):
+        simulate(exp)

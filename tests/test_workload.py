@@ -133,3 +133,19 @@ def test_every_trace_request_is_accounted_for_at_a_horizon(tmp_path):
     assert by_id["1"].finish_time is not None
     assert by_id["0"].reason == "still running at the horizon"
     assert by_id["2"].reason == "arrives after the horizon"
+
+
+def test_every_trace_needs_finite_non_negative_arrivals_and_unique_ids(tmp_path):
+    import pytest
+
+    from lab.core.request import Request
+    from lab.workload.loaders import WorkloadError, check_requests
+
+    ok = [Request(0, 0.0, 4, 2, request_id="a"), Request(1, 0.5, 4, 2, request_id="b")]
+    check_requests("t.csv", ok)
+    for bad, message in (([Request(0, float("nan"), 4, 2)], r"t.csv: request 0 \(id '0'\): arrival time nan"),
+                         ([Request(0, -1.0, 4, 2)], "arrival time -1.0; expected a finite number of seconds >= 0"),
+                         ([Request(0, 0.0, 4, 2, request_id="x"), Request(1, 1.0, 4, 2, request_id="x")],
+                          "request 1: id 'x' repeats request 0's")):
+        with pytest.raises(WorkloadError, match=message):
+            check_requests("t.csv", bad)

@@ -45,6 +45,8 @@ def _load(path: Path, data_dir: Optional[Path], sets: Optional[list[str]]):
 
 
 def _simulate(exp, show_progress: bool = True):
+    from lab.cluster.cluster import RouterError
+    from lab.core.sched_api import SchedulerContractError
     from lab.experiment.simulation import build_requests, simulate
     from lab.workload.loaders import WorkloadError
     from policies import PolicyError
@@ -66,7 +68,7 @@ def _simulate(exp, show_progress: bool = True):
 
                 return simulate(exp, reqs, progress)
         return simulate(exp, reqs)
-    except (PolicyError, FileNotFoundError, ValueError) as e:
+    except (PolicyError, FileNotFoundError, ValueError, SchedulerContractError, RouterError) as e:
         _fail(f"{exp.source}: {e}")
 
 

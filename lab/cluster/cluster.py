@@ -10,6 +10,7 @@ transfer costs and how the target admits it (prefill/decode disaggregation) are 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -18,6 +19,22 @@ import simpy
 from lab.core.request import Request
 from lab.core.sched_api import Router
 from lab.engine.instance import Instance
+
+
+class RouterError(RuntimeError):
+    """A router returned something that is not the index of one of the instances it was shown."""
+
+
+def _checked(router: Router, index: object, num_instances: int) -> int:
+    """``index`` as an instance index, or :class:`RouterError` naming the router and what it returned."""
+    try:
+        i = operator.index(index)  # ints and numpy integers; not None, floats or strings
+    except TypeError:
+        i = None
+    if i is None or isinstance(index, bool) or not 0 <= i < num_instances:
+        raise RouterError(f"router {type(router).__name__} returned {index!r}; expected an instance index "
+                          f"0..{num_instances - 1}")
+    return i
 
 
 @dataclass(frozen=True)
@@ -89,7 +106,8 @@ class Cluster:
         if len(entry) == 1 and len(entry[0].instances) == 1:
             inst = entry[0].instances[0]
         else:
-            idx = entry[0].router.route(request, self.entry_views, self.env.now)
+            idx = _checked(entry[0].router, entry[0].router.route(request, self.entry_views, self.env.now),
+                           len(self.entry_instances))
             inst = self.entry_instances[idx]
         self._enter(request, inst)
         inst.add_request(request)
@@ -115,7 +133,8 @@ class Cluster:
 
     def _deliver(self, request: Request, pool_name: str) -> None:
         pool = self.pools[pool_name]
-        idx = 0 if len(pool.instances) == 1 else pool.router.route(request, pool.views, self.env.now)
+        idx = 0 if len(pool.instances) == 1 else _checked(
+            pool.router, pool.router.route(request, pool.views, self.env.now), len(pool.instances))
         inst = pool.instances[idx]
         request.stop_at = request.max_tokens
         self._enter(request, inst)

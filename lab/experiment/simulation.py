@@ -130,6 +130,9 @@ def build_requests(exp: Experiment) -> list[Request]:
     if w.arrival_times is not None:
         reqs = loaders.override_arrivals(reqs, exp.path(w.arrival_times.path, "workload.arrival_times.path"),
                                          w.arrival_times.column)
+    if w.source != "synthetic" or w.arrival_times is not None:
+        loaders.check_requests(exp.path(w.path, "workload.path") if w.arrival_times is None else
+                               exp.path(w.arrival_times.path, "workload.arrival_times.path"), reqs)
     if w.max_requests is not None:
         reqs = reqs[: w.max_requests]
     if w.time_scale != 1.0:

@@ -17,6 +17,8 @@ line number: the CSV header is row 1) and what was expected. A file without requ
 
 from __future__ import annotations
 
+import math
+
 import gzip
 import json
 from pathlib import Path
@@ -239,6 +241,24 @@ def load_vllm_bench(path: str | Path, seed: int = 0) -> list[Request]:
         gaps[0] = 0.0
         t = np.cumsum(gaps)
     return [Request(i, float(t[i]), int(prompt[i]), int(output[i]), request_id=str(i)) for i in range(n)]
+
+
+def check_requests(path: str | Path, requests: list[Request]) -> None:
+    """What every trace must satisfy, whatever its format: each arrival time a finite number of seconds >= 0 and
+    each request id unique.
+
+    Raises:
+        WorkloadError: the first offending request, named by its position in the trace and its id.
+    """
+    seen: dict[str, int] = {}
+    for i, r in enumerate(requests):
+        t = r.arrival_time
+        if not math.isfinite(t) or t < 0:
+            raise WorkloadError(f"{path}: request {i} (id {r.request_id!r}): arrival time {t!r}; expected a finite "
+                                "number of seconds >= 0")
+        j = seen.setdefault(r.request_id, i)
+        if j != i:
+            raise WorkloadError(f"{path}: request {i}: id {r.request_id!r} repeats request {j}'s; ids must be unique")
 
 
 def override_arrivals(requests: list[Request], path: str | Path, column: str) -> list[Request]:
