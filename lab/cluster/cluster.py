@@ -85,7 +85,7 @@ class Cluster:
                     raise ValueError(f"pool {p.name!r} hands off to unknown pool {p.hand_off.to!r}; pools: "
                                      f"{', '.join(self.pools)}")
                 for inst in p.instances:
-                    inst.on_hand_off = self._leave
+                    inst.set_hand_off(self._leave)
         targets = {p.hand_off.to for p in pools if p.hand_off is not None}
         self.entry = [p for p in pools if p.name not in targets]
         if not self.entry:

@@ -30,19 +30,24 @@ class DraftAcceptance(Protocol):
     def num_accepted(self, request: Request, num_draft_tokens: int) -> int: ...
 
 
-def finish_request(request: Request, now: float, kv: KVCacheManager,
-                   on_done: Callable[[Request], None] | None) -> None:
-    """Mark a request finished at ``now`` (seconds), free its KV blocks (cached content stays hittable), record the
-    event and report it."""
-    request.status = RequestStatus.FINISHED
-    request.finish_time = now
+def release_request(request: Request, now: float, kv: KVCacheManager,
+                    on_done: Callable[[Request], None] | None,
+                    on_hand_off: Callable[[Request], None] | None) -> None:
+    """A request reached ``stop_at`` output tokens at ``now`` (seconds): free its KV blocks (cached content stays
+    hittable). With all ``max_tokens`` produced it finishes and ``on_done`` reports it; with fewer, its pool hands
+    it on with its computed state (status WAITING) through ``on_hand_off``. The event is recorded either way."""
+    finished = request.num_output_tokens >= request.max_tokens
+    request.status = RequestStatus.FINISHED if finished else RequestStatus.WAITING
+    if finished:
+        request.finish_time = now
     request.num_output_placeholders = 0
     request.inflight_tokens = 0
     kv.free(request, finished=True)
     if request.events is not None:
-        request.events.append((now, "finished"))
-    if on_done is not None:
-        on_done(request)
+        request.events.append((now, "finished" if finished else "handed_off"))
+    callback = on_done if finished else on_hand_off
+    if callback is not None:
+        callback(request)
 
 
 class StepOutputs:
@@ -53,6 +58,8 @@ class StepOutputs:
         itl: receives every inter-token latency (seconds): one sample per step output that carries tokens of a
             request, however many tokens it carries (shared/specs/metrics.md).
         on_done: called with each request that finishes.
+        on_hand_off: called with each request that leaves for another pool (``stop_at < max_tokens``); set by
+            the cluster (lab/cluster/cluster.py).
         async_placeholders: under async scheduling a sampling request holds output placeholders (P) for its step
             in flight; they are released here.
         acceptance: the draft acceptance model, needed only when steps carry drafts.
@@ -63,6 +70,7 @@ class StepOutputs:
         self.kv = kv
         self.itl = itl
         self.on_done = on_done
+        self.on_hand_off: Callable[[Request], None] | None = None
         self.async_placeholders = async_placeholders
         self.acceptance = acceptance
 
@@ -97,7 +105,7 @@ class StepOutputs:
                 itl.add(now - r.last_token_time)
             r.last_token_time = now
             if r.num_output_tokens >= r.stop_at:
-                finish_request(r, now, self.kv, self.on_done)
+                release_request(r, now, self.kv, self.on_done, self.on_hand_off)
                 finished += 1
         if same_gap:
             itl.add(now - start, same_gap)
@@ -122,7 +130,7 @@ class StepOutputs:
                 self.itl.add(now - r.last_token_time)  # one ITL sample per step output, however many tokens
             r.last_token_time = now
             if r.num_output_tokens >= r.stop_at:
-                finish_request(r, now, self.kv, self.on_done)
+                release_request(r, now, self.kv, self.on_done, self.on_hand_off)
                 finished += 1
         return emitted_total, finished
 

@@ -20,7 +20,7 @@ import simpy
 
 from lab.core.batch import BatchShape, padded_size
 from lab.core.kv_cache import KVCacheManager
-from lab.core.outputs import DraftAcceptance, StepOutputs, finish_request
+from lab.core.outputs import DraftAcceptance, StepOutputs, release_request
 from lab.core.request import Request, RequestStatus
 from lab.core.samples import WeightedSamples
 from lab.core.sched_api import Scheduler, SchedulerConfig, SchedulerContractError, contract_violation
@@ -115,8 +115,7 @@ class Instance:
         self.num_scheduler_steps = 0
         self.itl = itl_samples
         self.on_done = on_done
-        self.on_hand_off: Callable[[Request], None] | None = None
-        self.outputs = StepOutputs(kv, itl_samples, self._request_done, self.async_scheduling, acceptance)
+        self.outputs = StepOutputs(kv, itl_samples, on_done, self.async_scheduling, acceptance)
         self.record_events = record_events
         self.steps = StepLog(instance_id, kv.pool.num_gpu_blocks - 1, num_slots=depth if pp > 1 else 1)
         self.breakdown: dict[str, array] = {}
@@ -299,17 +298,9 @@ class Instance:
         """Nothing runs and the waiting head cannot be admitted even into an empty cache: it never will be."""
         self._reject(self.waiting.pop(), "cannot be admitted into an empty KV cache with these limits")
 
-    def _request_done(self, request: Request) -> None:
-        """A request reached ``stop_at`` output tokens: it finished (already freed), or it leaves for another
-        pool with its computed state."""
-        if request.status == RequestStatus.FINISHED and request.num_output_tokens < request.max_tokens:
-            request.status = RequestStatus.WAITING
-            request.finish_time = None
-            if request.events is not None and request.events[-1][1] == "finished":
-                request.events[-1] = (request.events[-1][0], "handed_off")
-            self.on_hand_off(request)  # type: ignore[misc]  # set whenever stop_at < max_tokens
-        elif self.on_done:
-            self.on_done(request)
+    def set_hand_off(self, callback: Callable[[Request], None]) -> None:
+        """Where requests that leave this instance for another pool go (lab/cluster/cluster.py)."""
+        self.outputs.on_hand_off = callback
 
     # ---- one step: schedule, price, apply ----
     def schedule_step(self) -> ScheduledStep | None:
@@ -461,7 +452,7 @@ class Instance:
     def complete(self, request: Request, now: float) -> None:
         """A request reached ``stop_at`` output tokens at ``now`` (the fast-forward's entry to the same path
         :meth:`finish_step` takes)."""
-        finish_request(request, now, self.kv, self._request_done)
+        release_request(request, now, self.kv, self.on_done, self.outputs.on_hand_off)
 
     def expected_next_arrival(self) -> float:
         """When the next request is expected here: now plus the mean recent gap between arrivals (the expected wait
