@@ -113,7 +113,7 @@ class Cluster:
         inst.add_request(request)
 
     def _enter(self, request: Request, inst: Instance) -> None:
-        rule = self.pools[inst.pool].hand_off if inst.pool in self.pools else None
+        rule = self.pools[inst.pool].hand_off  # every instance belongs to one of the pools
         if rule is not None:
             request.stop_at = min(request.max_tokens, rule.after_output_tokens)
 
