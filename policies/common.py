@@ -125,6 +125,17 @@ def admit_whole_prompts(engine: EngineView, out: SchedulerOutput, tokens: int, m
         tokens += n
 
 
+def schedule_drafts(out: SchedulerOutput, request: Request, num_new_tokens: int) -> None:
+    """Record the drafts a just-scheduled running request verifies with its ``num_new_tokens`` tokens (vLLM:
+    ``spec[: n + C - num_tokens - P]``, so a capped n trims them; none when n covers no draft) and clear its
+    proposals: new drafts arrive after the step (sync) or as placeholders set by the engine (async)."""
+    drafts = (num_new_tokens + request.num_computed_tokens - request.prompt_len - request.num_output_tokens
+              - request.num_output_placeholders)
+    if drafts > 0:
+        out.num_spec_tokens[request] = min(drafts, request.num_spec_tokens)
+    request.num_spec_tokens = 0
+
+
 def is_running(request: Request) -> bool:
     """Still in the running list (not preempted or finished this step)."""
     return request.status == RequestStatus.RUNNING

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from lab.core.queues import FixedOrder, make_queue
 from lab.core.request import Request
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
-from policies.common import allocate_waiting, is_running, lookup, pick_victim
+from policies.common import allocate_waiting, is_running, lookup, pick_victim, schedule_drafts
 
 
 class LongestOutputFirstQueue(FixedOrder):
@@ -132,6 +132,7 @@ class SGLangScheduler(SchedulerBase):
         return None
 
     name = "sglang"
+    supports_speculation = True  # a decode step verifies each request's drafts (EAGLE worker, topk 1)
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -289,11 +290,15 @@ class SGLangScheduler(SchedulerBase):
                     break
 
         if mixed and out.requests:
-            need = sum(max(0, -(-(d.num_computed_tokens + 1) // bs) - len(d.blocks)) for d in decoding)
+            need = sum(max(0, -(-(d.num_computed_tokens + 1 + d.num_spec_tokens) // bs) - len(d.blocks))
+                       for d in decoding)
             if need <= kv.num_free_blocks:
                 for d in decoding:
-                    if kv.allocate_slots(d, 1):
-                        out.add(d, 1)
+                    n = 1 + d.num_spec_tokens
+                    if kv.allocate_slots(d, n):
+                        out.add(d, n)
+                        if d.num_spec_tokens:
+                            schedule_drafts(out, d, n)
         return out
 
     def _decode(self, engine: EngineView, decoding: list[Request], out: SchedulerOutput) -> None:
@@ -301,19 +306,24 @@ class SGLangScheduler(SchedulerBase):
             return
         kv = engine.kv
         bs = kv.block_size
-        need = sum(max(0, -(-(r.num_computed_tokens + 1) // bs) - len(r.blocks)) for r in decoding)
+        need = sum(max(0, -(-(r.num_computed_tokens + 1 + r.num_spec_tokens) // bs) - len(r.blocks))
+                   for r in decoding)
         if need > kv.num_free_blocks:
             decoding = self._retract(engine, decoding, out)
         else:
             self.new_token_ratio = max(self.new_token_ratio - self.decay, self.min_ratio)
+        lookahead = engine.config.num_lookahead_tokens
         for r in decoding:
             if not is_running(r):
                 continue
-            if not kv.allocate_slots(r, 1):
+            n = 1 + r.num_spec_tokens  # EAGLE/MTP verify: the sampled token and its drafts (topk 1 chain)
+            if not kv.allocate_slots(r, n, num_lookahead_tokens=lookahead):
                 engine.preempt(r, reason="SGLang: decode out of KV after retraction", requeue="tail")
                 out.preempted.append(r)
                 continue
-            out.add(r, 1)
+            out.add(r, n)
+            if r.num_spec_tokens:
+                schedule_drafts(out, r, n)
 
     def _retract(self, engine: EngineView, decoding: list[Request], out: SchedulerOutput) -> list[Request]:
         """``retract_decode``: retract until the free KV holds ``retract_decode_steps`` tokens per remaining

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from lab.core.request import RequestStatus
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerOutput
-from policies.common import allocate_or_preempt, allocate_waiting, lookup, resolve_victim_rule
+from policies.common import allocate_or_preempt, allocate_waiting, lookup, resolve_victim_rule, schedule_drafts
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -24,12 +24,19 @@ class VLLMV1Scheduler(SchedulerBase):
     The queue order (``fcfs`` or ``priority``) comes from ``engine.config.queue_policy``. No options. Under async
     scheduling a running request's tokens to compute include its output placeholders (tokens the step in flight
     will sample), so a decode is scheduled again while its previous step runs.
+
+    Speculative decoding (shared/specs/vllm-v1-scheduling.md §3): a running request's tokens to compute include
+    its drafts, so a decode schedules 1 + k tokens (its last sampled token and k drafts) inside the budget; when the
+    budget, the long-prefill threshold or ``max_model_len`` cuts n, the drafts are trimmed to
+    ``n + C - num_tokens - P``. A newly admitted request that computes one token is padded to 1 + k with
+    placeholder drafts when ``pad_new_one_token_requests`` (vLLM 0.33).
     """
 
     name = "vllm_v1"
     supports_async = True
     supports_fast_forward = True  # stateless between steps: a steady decode batch stays steady
     supports_pipelining = True  # a request whose step is in flight has n <= 0 (sync) or waits its eligible step
+    supports_speculation = True  # a running request computes its drafts with its last sampled token
 
     def schedule(self, engine: EngineView) -> SchedulerOutput:
         cfg = engine.config
@@ -65,7 +72,7 @@ class VLLMV1Scheduler(SchedulerBase):
                 continue
             if p and c + 2 - p >= r.prompt_len + r.stop_at:
                 continue  # async: the step in flight samples its last token; do not schedule past it
-            n = r.prompt_len + r.num_output_tokens + p - c
+            n = r.prompt_len + r.num_output_tokens + r.num_spec_tokens + p - c
             if 0 < threshold < n:
                 n = threshold
             if n > budget:
@@ -79,6 +86,8 @@ class VLLMV1Scheduler(SchedulerBase):
                 out_reqs.append(r)
                 out_news.append(n)
                 budget -= n
+                if r.num_spec_tokens:
+                    schedule_drafts(out, r, n)
                 continue
             rule = rule or resolve_victim_rule(engine)
             ok, refunded = allocate_or_preempt(engine, out, r, n, rule, lookahead)
@@ -86,6 +95,8 @@ class VLLMV1Scheduler(SchedulerBase):
             if ok:
                 out.add(r, n)
                 budget -= n
+                if r.num_spec_tokens:
+                    schedule_drafts(out, r, n)
         return budget
 
     def schedule_waiting(self, engine: EngineView, out: SchedulerOutput, budget: int, threshold: int) -> int:
@@ -109,6 +120,10 @@ class VLLMV1Scheduler(SchedulerBase):
                 break
             if n > budget:
                 n = budget
+            pad = 0
+            if cfg.pad_new_one_token_requests and n == 1 and num_hit + 1 == r.num_tokens:
+                pad = min(cfg.num_speculative_tokens, budget - 1, max(0, cfg.max_model_len - 1 - r.num_tokens))
+                n += pad
             reserve = watermark_blocks if running else 0
             if not allocate_waiting(engine, r, n, hits, num_hit, num_lookahead_tokens=lookahead,
                                     full_sequence_must_fit=full_isl, reserved_blocks=reserve):
@@ -117,4 +132,7 @@ class VLLMV1Scheduler(SchedulerBase):
             engine.admit(r, num_hit)
             out.add(r, n)
             budget -= n
+            if pad > 0:
+                out.num_spec_tokens[r] = pad
+                out.padded_drafts.add(r)
         return budget

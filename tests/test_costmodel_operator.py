@@ -219,13 +219,20 @@ def test_aiconfigurator_tables_reproduce_grid_points_and_mla_moe_are_covered():
     assert 0.0567e-3 < t < 0.0992e-3
 
 
-def test_mtp_module_costs_about_one_moe_layer():
-    ds = OperatorCostModel(load_model("DeepSeek-V3"), load_hardware("H200"), Parallelism(tp=8), weight_dtype="fp8",
-                           curves=load_curves())
+def test_mtp_drafter_pass_costs_about_one_moe_layer():
+    from lab.costmodel.speculative import SpeculativeCostModel, make_drafter
+
+    ds_arch, h200 = load_model("DeepSeek-V3"), load_hardware("H200")
+    ds = OperatorCostModel(ds_arch, h200, Parallelism(tp=8), weight_dtype="fp8", curves=load_curves())
+    drafter = make_drafter("mtp", ds_arch, "bf16", "fp8", 8)
+    mtp = OperatorCostModel(drafter.arch, h200, Parallelism(tp=8), weight_dtype="fp8", curves=load_curves())
     shape = BatchShape.from_requests([1] * 64, [2000] * 64)
     per_layer = (ds.step_time(shape) - ds.eff.step_overhead_s) / ds.L
-    assert 0.8 * per_layer < ds.mtp_time(shape) < 3 * per_layer
-    assert llama().mtp_time(shape) == 0.0
+    one = SpeculativeCostModel(ds, mtp, 1, drafter.projections, h200, "fp8")
+    assert 0.8 * per_layer < one.drafter_time(shape) < 3 * per_layer  # one MoE layer + eh_proj + LM head
+    three = SpeculativeCostModel(ds, mtp, 3, drafter.projections, h200, "fp8")
+    assert three.drafter_time(shape) == pytest.approx(3 * one.drafter_time(shape), rel=0.1)  # reused 3 times
+    assert three.step_time(shape) == pytest.approx(ds.step_time(shape) + three.drafter_time(shape))
 
 
 @pytest.mark.parametrize("pp", [2, 4])

@@ -15,7 +15,8 @@ def test_every_experiment_field_is_documented():
     sections = {"workload": config.WorkloadConfig, "model": config.ModelConfig, "hardware": config.HardwareConfig,
                 "engine": config.EngineConfig, "policy": config.PolicyConfig, "cluster": config.ClusterConfig, "cost_model": config.CostModelConfig,
                 "simulation": config.SimulationConfig, "slo": config.SLOConfig, "validation": config.ValidationConfig,
-                "output": config.OutputConfig, "pools": config.PoolConfig}
+                "output": config.OutputConfig, "pools": config.PoolConfig,
+                "speculative": config.SpeculativeConfig}
     missing = []
     for sec, model in sections.items():
         assert f"## {sec}" in DOC, sec

@@ -120,13 +120,16 @@ class _Drafting(SchedulerBase):
 
 
 class _AcceptTwo:
+    def propose(self, request):
+        return 0  # _Drafting schedules its own drafts
+
     def num_accepted(self, request, num_draft_tokens):
         return 2
 
 
 def test_a_step_emits_three_tokens_for_one_request_and_one_for_another_with_a_rollback_of_two():
     env = simpy.Environment()
-    config = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=8, max_model_len=1024)
+    config = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=8, max_model_len=1024, num_speculative_tokens=4)
     kv = KVCacheManager(64, 4, 1024)
     from tests.conftest import ConstantCost
 
@@ -152,11 +155,14 @@ def test_a_step_emits_three_tokens_for_one_request_and_one_for_another_with_a_ro
 
 def test_a_draft_count_outside_the_drafts_is_an_error():
     class Bad:
+        def propose(self, request):
+            return 0
+
         def num_accepted(self, request, num_draft_tokens):
             return num_draft_tokens + 1
 
     env = simpy.Environment()
-    config = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=8, max_model_len=1024)
+    config = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=8, max_model_len=1024, num_speculative_tokens=4)
     from tests.conftest import ConstantCost
 
     inst = Instance(env, 0, config, _Drafting(), KVCacheManager(64, 4, 1024), ConstantCost(1.0), WeightedSamples(),

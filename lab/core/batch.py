@@ -100,6 +100,13 @@ class BatchShape:
         return cls(n, n, [], [], decode_context, n, decode_sum, decode_max, decode_min)
 
     @property
+    def num_logits(self) -> int:
+        """Positions the LM head and sampler score: one per request, plus every draft of a verify query (the
+        target scores all 1 + k positions; vLLM's ``logits_indices``)."""
+        vn = self.verify_new
+        return self.num_seqs + sum(vn) - len(vn) if vn else self.num_seqs
+
+    @property
     def num_prefill_tokens(self) -> int:
         """Tokens of prefill chunks and verify queries (everything but decodes)."""
         return self.num_tokens - self.num_decodes

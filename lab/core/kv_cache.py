@@ -272,6 +272,8 @@ class KVCacheManager:
         max_model_len: longest sequence in tokens; allocation never goes past it.
         enable_prefix_caching: look up and register block hashes.
         prepend_unhashed: see :class:`BlockPool`.
+        drop_last_hit_block: a prefix hit gives up its last block (vLLM ``use_eagle_block_drop`` under EAGLE,
+            EAGLE-3 and MTP speculative decoding: the drafter recomputes that block's hidden states).
     """
 
     def __init__(
@@ -281,12 +283,14 @@ class KVCacheManager:
         max_model_len: int,
         enable_prefix_caching: bool = True,
         prepend_unhashed: bool = True,
+        drop_last_hit_block: bool = False,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_prefix_caching = enable_prefix_caching
+        self.drop_last_hit_block = drop_last_hit_block
         self.pool = BlockPool(num_gpu_blocks, enable_prefix_caching, prepend_unhashed)
         # Counters for the prefix cache hit rate (queries and hits in tokens, first scheduling only).
         self.prefix_queries = 0
@@ -309,7 +313,7 @@ class KVCacheManager:
         """Longest run of cached full blocks at the start of the request's sequence (vLLM ``get_computed_blocks``).
 
         At most ``num_tokens - 1`` tokens, floored to the block size, can hit: a fully cached prompt still computes
-        its last token, and in fact its whole last block.
+        its last token, and in fact its whole last block. With ``drop_last_hit_block`` one more block is given up.
 
         Returns:
             (hit blocks in order, number of hit tokens).
@@ -332,6 +336,8 @@ class KVCacheManager:
                     if b.ref_cnt or b.free_seq != seqs[i]:
                         break
                     hits.append(b)
+            if hits and self.drop_last_hit_block:
+                hits.pop()
             return hits, len(hits) * bs
         hashes = request.ensure_block_hashes(max_blocks, bs)
         pool = self.pool
@@ -342,6 +348,8 @@ class KVCacheManager:
             if b is None:
                 break
             hits.append(b)
+        if hits and self.drop_last_hit_block:
+            hits.pop()
         return hits, len(hits) * bs
 
     def allocate_slots(

@@ -10,6 +10,7 @@ latencies and lifecycle events are recorded here too.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Callable, Protocol
 
 from lab.core.kv_cache import KVCacheManager
@@ -21,11 +22,15 @@ _RUNNING = RequestStatus.RUNNING
 
 
 class DraftAcceptance(Protocol):
-    """How many of a request's scheduled draft tokens the target accepts (speculative decoding).
+    """The drafter's random part under speculative decoding (lab/core/speculation.py ``Speculator``).
 
-    ``num_accepted`` returns an integer in [0, num_draft_tokens]: drafts 1..a were accepted and a + 1 was not
-    (token i counts only if 1..i-1 did). It must be deterministic for a given seed and call order.
+    ``propose`` returns the drafts the drafter proposes for a request's next step (0..k; 0 when an n-gram lookup
+    misses). ``num_accepted`` returns an integer in [0, num_draft_tokens]: drafts 1..a were accepted and a + 1 was
+    not (token i counts only if 1..i-1 did); it also keeps the spec-decode counters. Both must be deterministic for
+    a given seed and call order.
     """
+
+    def propose(self, request: Request) -> int: ...
 
     def num_accepted(self, request: Request, num_draft_tokens: int) -> int: ...
 
@@ -42,6 +47,7 @@ def release_request(request: Request, now: float, kv: KVCacheManager,
         request.finish_time = now
     request.num_output_placeholders = 0
     request.inflight_tokens = 0
+    request.num_spec_tokens = 0  # draft token ids never leave the instance
     kv.free(request, finished=True)
     if request.events is not None:
         request.events.append((now, "finished" if finished else "handed_off"))
@@ -62,7 +68,9 @@ class StepOutputs:
             the cluster (lab/cluster/cluster.py).
         async_placeholders: under async scheduling a sampling request holds output placeholders (P) for its step
             in flight; they are released here.
-        acceptance: the draft acceptance model, needed only when steps carry drafts.
+        acceptance: the drafter (speculative decoding): after a step, a request that sampled and runs on gets its
+            next drafts from it (under async scheduling the engine sets them as placeholders at schedule time),
+            and it decides how many scheduled drafts the target accepts. None = no speculative decoding.
     """
 
     def __init__(self, kv: KVCacheManager, itl: WeightedSamples, on_done: Callable[[Request], None] | None,
@@ -84,9 +92,10 @@ class StepOutputs:
         start = step.start
         for r, n in zip(step.requests, step.num_new_tokens):
             r.inflight_tokens -= n
-        spec = step.num_spec_tokens
-        if spec is not None:
-            return self._apply_with_drafts(step, now, spec)
+        if self.acceptance is not None:
+            return self._apply_with_drafts(step, now, step.num_spec_tokens)
+        if step.num_spec_tokens is not None:
+            raise ValueError("a step scheduled draft tokens but the instance has no draft acceptance model")
         itl = self.itl
         placeholders = self.async_placeholders
         finished = sampled = same_gap = 0  # same_gap: samples equal to this step's gap (previous token at its start)
@@ -111,19 +120,25 @@ class StepOutputs:
             itl.add(now - start, same_gap)
         return sampled, finished
 
-    def _apply_with_drafts(self, step: ScheduledStep, now: float, spec: list[int]) -> tuple[int, int]:
-        """The general form: request i emits 1 + accepted_i tokens and rolls C back by drafts_i - accepted_i."""
+    def _apply_with_drafts(self, step: ScheduledStep, now: float, spec: list[int] | None) -> tuple[int, int]:
+        """The general form: request i emits 1 + accepted_i tokens and rolls C back by drafts_i - accepted_i; under
+        sync scheduling a request that sampled and runs on gets its next drafts now (vLLM ``post_step``)."""
         finished = emitted_total = 0
-        for r, s, k in zip(step.requests, step.samples, spec):
+        padded = step.padded_drafts
+        propose = None if self.async_placeholders else self.acceptance.propose  # type: ignore[union-attr]
+        for r, s, k in zip(step.requests, step.samples, spec if spec is not None else repeat(0)):
             if not s or r.status is not _RUNNING:
-                continue
+                continue  # a non-final chunk: no token, and drafts proposed after it are discarded
             if self.async_placeholders:
                 r.num_output_placeholders -= 1 + k
-            accepted = self._num_accepted(r, k) if k else 0
+            accepted = 0 if not k or (padded and r in padded) else self._num_accepted(r, k)
             r.num_computed_tokens -= k - accepted  # rejected drafts: their slots are overwritten next step
             emitted = min(1 + accepted, r.stop_at - r.num_output_tokens)
             r.num_output_tokens += emitted
             emitted_total += emitted
+            if k and r.events is not None:
+                r.events.append((now, "verified", f"{k} {'placeholder ' if padded and r in padded else ''}drafts, "
+                                                  f"{accepted} accepted, {emitted} tokens emitted"))
             if r.first_token_time is None:
                 self._first_token(r, now)
             else:
@@ -132,6 +147,8 @@ class StepOutputs:
             if r.num_output_tokens >= r.stop_at:
                 release_request(r, now, self.kv, self.on_done, self.on_hand_off)
                 finished += 1
+            elif propose is not None:
+                r.num_spec_tokens = propose(r)
         return emitted_total, finished
 
     def _num_accepted(self, request: Request, num_draft_tokens: int) -> int:

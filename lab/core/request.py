@@ -55,6 +55,7 @@ class Request:
         "first_scheduled_time", "first_token_time", "last_token_time", "finish_time",
         "prefix_hit_tokens", "prefix_hit_recorded", "reason", "instance_id", "events",
         "swapped_tokens", "session_id", "num_swaps", "next_decode_eligible_step", "token_ready_at", "pool", "stop_at", "served_by",
+        "num_spec_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "spec_draws",
     )
 
     def __init__(
@@ -128,6 +129,17 @@ class Request:
         self.stop_at = self.max_tokens
         # instances that served it, in order (more than one only when a pool handed it on)
         self.served_by: list[int] = []
+        # speculative decoding (shared/specs/vllm-v1-scheduling.md §3): drafts waiting to be verified by the next
+        # step (vLLM len(spec_token_ids): the k proposals only, never the sampled token they follow; under async
+        # scheduling they are placeholders), and vLLM's per-request counters
+        self.num_spec_tokens = 0
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        # this request's own i.i.d. draft acceptance rate (trace column or per-request draw); None = the model's
+        self.acceptance_rate: float | None = None
+        # draws taken from this request's acceptance stream (lab/core/speculation.py)
+        self.spec_draws = 0
 
     @property
     def num_tokens(self) -> int:

@@ -33,7 +33,11 @@ class SchedulerConfig:
         scheduler_reserve_full_isl: admit a waiting request only if blocks for its whole current sequence fit.
         watermark: fraction of blocks kept free when admitting waiting requests while something runs.
         queue_policy: "fcfs" or "priority".
-        num_lookahead_tokens: extra KV slots per request (speculative decoding drafts).
+        num_lookahead_tokens: extra KV slots per request for the drafter's own KV beyond the target query (vLLM:
+            k for EAGLE, MTP and draft models, 0 for n-gram).
+        num_speculative_tokens: k, drafts per step under speculative decoding (0 = off).
+        pad_new_one_token_requests: vLLM 0.33 pads a newly admitted request that computes one token to 1 + k
+            query tokens with placeholder drafts (never accepted) so decode steps keep a uniform CUDA-graph shape.
         preemption_mode: what :meth:`EngineView.preempt` does: "recompute" (free the blocks, C = 0) or "swap"
             (copy the KV to CPU memory over PCIe, keep C, copy it back when the request is admitted again).
         preemption_victim: which running request a scheduler preempts when KV runs out: "auto" (the policy's
@@ -54,6 +58,8 @@ class SchedulerConfig:
     watermark: float = 0.0
     queue_policy: str = "fcfs"
     num_lookahead_tokens: int = 0
+    num_speculative_tokens: int = 0
+    pad_new_one_token_requests: bool = False
     preemption_mode: str = "recompute"
     preemption_victim: str = "auto"
     preemption_requeue: str = "auto"
@@ -69,13 +75,16 @@ class SchedulerOutput:
         preempted: requests preempted while building this step.
         num_spec_tokens: draft tokens scheduled per request (speculative decoding; vLLM
             ``scheduled_spec_decode_tokens``); requests without drafts are absent, and the dict stays empty when
-            nothing speculates.
+            nothing speculates. Under async scheduling the drafts are placeholders; the engine sets them.
+        padded_drafts: requests whose drafts are placeholders that can never be accepted (vLLM 0.33's padding of
+            newly admitted one-token requests to 1 + k); they are in ``num_spec_tokens`` too.
     """
 
     requests: list[Request] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     num_spec_tokens: dict[Request, int] = field(default_factory=dict)
+    padded_drafts: set[Request] = field(default_factory=set)
 
     def add(self, request: Request, n: int) -> None:
         self.requests.append(request)
@@ -87,6 +96,7 @@ class SchedulerOutput:
             if r is request:
                 del self.requests[i]
                 self.num_spec_tokens.pop(r, None)
+                self.padded_drafts.discard(r)
                 return self.num_new_tokens.pop(i)
         return 0
 
@@ -122,6 +132,11 @@ def contract_violation(out: SchedulerOutput, config: SchedulerConfig, num_runnin
         return f"{total} tokens scheduled, over the step budget ({max_step_tokens})"
     if num_running > config.max_num_seqs:
         return f"{num_running} requests running, over max_num_seqs ({config.max_num_seqs})"
+    if config.num_speculative_tokens == 0 and out.num_spec_tokens:
+        return "drafts scheduled but speculative decoding is off"
+    for r in out.padded_drafts:
+        if r not in out.num_spec_tokens:
+            return f"request {r.request_id}: padded drafts without a draft count"
     for r, k in out.num_spec_tokens.items():
         if r not in reqs:
             return f"drafts given for request {r.request_id}, which is not scheduled"
@@ -180,6 +195,7 @@ class Scheduler(Protocol):
     supports_async: bool
     supports_fast_forward: bool
     supports_pipelining: bool
+    supports_speculation: bool
 
     def make_queue(self, config: SchedulerConfig) -> WaitingQueue: ...
 
@@ -202,6 +218,9 @@ class SchedulerBase:
       step is in flight) and, under async PP, one before its ``next_decode_eligible_step``, so several
       micro-batches may be in flight (pipeline parallelism). Without it a PP instance runs one micro-batch at a
       time.
+    - ``supports_speculation``: the policy schedules a request's drafts (``Request.num_spec_tokens``) with it —
+      1 + k query tokens, in the budget and the KV (``num_lookahead_tokens``) — and reports them in
+      ``SchedulerOutput.num_spec_tokens``; speculative decoding is refused with a policy that does not.
     - :meth:`make_queue`: the waiting queue the policy wants (default: FCFS or priority by ``config.queue_policy``).
     - :meth:`max_step_tokens`: the most tokens one of its steps may hold (default ``max_num_batched_tokens``;
       None for a policy with a budget of its own, e.g. Orca's whole prompts).
@@ -211,6 +230,7 @@ class SchedulerBase:
     supports_async = False
     supports_fast_forward = False
     supports_pipelining = False
+    supports_speculation = False
 
     def make_queue(self, config: SchedulerConfig) -> WaitingQueue:
         """The waiting queue of an instance run by this policy."""

@@ -23,12 +23,15 @@ class ScheduledStep:
         used_blocks: KV blocks in use right after it was scheduled.
         num_preempted: requests preempted while building it.
         transfer_s: host-link seconds (swap preemption) included in it.
+        padded_drafts: requests whose drafts are placeholders that are never accepted (vLLM 0.33 pads newly
+            admitted one-token requests to 1 + k), or None.
         not_before: earliest time its first stage may start (seconds): under async pipeline parallelism, when the
             tokens its decodes consume leave the last stage.
     """
 
     __slots__ = ("requests", "num_new_tokens", "samples", "num_spec_tokens", "shape", "stage_times", "scheduled_at",
-                 "start", "end", "used_blocks", "num_preempted", "transfer_s", "not_before")
+                 "start", "end", "used_blocks", "num_preempted", "transfer_s", "not_before",
+                 "padded_drafts")
 
     def __init__(self, requests: list[Request], num_new_tokens: list[int], samples: list[bool], shape: BatchShape,
                  stage_times: list[float], scheduled_at: float, used_blocks: int, num_preempted: int,
@@ -46,6 +49,7 @@ class ScheduledStep:
         self.num_preempted = num_preempted
         self.transfer_s = transfer_s
         self.not_before = 0.0
+        self.padded_drafts: set | None = None
 
     @property
     def dt(self) -> float:

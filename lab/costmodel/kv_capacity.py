@@ -45,12 +45,13 @@ class KVCapacity:
 
 
 def bytes_per_block(model: ModelArch, block_size: int, kv_dtype: str = "bf16", tp: int = 1,
-                    extra_layers: int = 0, pp: int = 1) -> int:
-    """KV bytes of one block on one rank: per-token bytes of every layer of the largest pipeline stage (plus
-    drafter layers) x block_size."""
+                    extra_layers: int = 0, pp: int = 1, extra_bytes_per_token: int = 0) -> int:
+    """KV bytes of one block on one rank: per-token bytes of every layer of the largest pipeline stage, plus
+    ``extra_layers`` more of the model's layers and ``extra_bytes_per_token`` (a speculative drafter's KV, which
+    vLLM keeps in the same blocks: "drafter layers count as extra layers"), x block_size."""
     per_token = model.kv_bytes_per_token(kv_dtype, tp, pp)
     per_layer = model.kv_bytes_per_token_per_layer(kv_dtype, tp)
-    return (per_token + extra_layers * per_layer) * block_size
+    return (per_token + extra_layers * per_layer + extra_bytes_per_token) * block_size
 
 
 def activation_peak_bytes(model: ModelArch, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1,
@@ -80,21 +81,26 @@ def derive_num_gpu_blocks(model: ModelArch, hardware: Hardware, *, block_size: i
                           gpu_memory_utilization: float = 0.92, max_num_batched_tokens: int = 8192,
                           max_num_seqs: int = 256, tp: int = 1, kv_dtype: str = "bf16",
                           weight_dtype: str | None = None, non_torch_bytes: int = DEFAULT_NON_TORCH_BYTES,
-                          extra_layers: int = 0, pp: int = 1, ep: int = 1, dp: int = 1) -> KVCapacity:
+                          extra_layers: int = 0, pp: int = 1, ep: int = 1, dp: int = 1,
+                          drafter_kv_bytes_per_token: int = 0, drafter_weight_bytes: int = 0,
+                          include_mtp: bool = False) -> KVCapacity:
     """Derive ``num_gpu_blocks`` for one rank of an instance split ``tp x pp`` (experts over ``ep`` GPUs shared
     by ``dp`` attention ranks): the most loaded GPU's weights (lab/costmodel/model_arch.py
     ``weight_bytes_per_rank``: FP8 linear layers, 16-bit embeddings, experts split over EP) and its stage's KV
-    bytes per block; NCCL's memory is added to ``non_torch_bytes`` when the instance spans several GPUs.
+    bytes per block; NCCL's memory is added to ``non_torch_bytes`` when the instance spans several GPUs. A
+    speculative drafter adds its weights (``drafter_weight_bytes``; the model's own MTP modules with
+    ``include_mtp``) and its KV per token (``drafter_kv_bytes_per_token``) to every block, so fewer blocks fit.
 
     Raises:
         ValueError: if the weights and activations leave no room for even two blocks (the model does not fit).
     """
     requested = int(hardware.memory_bytes * gpu_memory_utilization)
-    weights = model.weight_bytes_per_rank(weight_dtype, tp, pp, ep, dp, include_mtp=extra_layers > 0)
+    weights = model.weight_bytes_per_rank(weight_dtype, tp, pp, ep, dp, include_mtp=include_mtp or extra_layers > 0)
+    weights += drafter_weight_bytes
     act = activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs, tp, ep, dp)
     non_torch_bytes = non_torch_bytes + nccl_bytes(max(tp * pp, ep))
     avail = requested - weights - act - non_torch_bytes
-    bpb = bytes_per_block(model, block_size, kv_dtype, tp, extra_layers, pp)
+    bpb = bytes_per_block(model, block_size, kv_dtype, tp, extra_layers, pp, drafter_kv_bytes_per_token)
     blocks = avail // bpb
     if blocks < 2:
         raise ValueError(

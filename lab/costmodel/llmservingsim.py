@@ -226,10 +226,14 @@ class LLMServingSimProfileCostModel(CostModelBase):
         return v if lo == hi else v + t * (at(toks[hi]) - v)
 
     def _attention_us(self, shape: BatchShape) -> float:
-        pc = shape.num_tokens - shape.num_decodes
-        kp = sum(shape.prefill_context) + sum(shape.verify_context)
-        nd = shape.num_decodes
-        kvd = shape.decode_sum // nd if nd else 0
+        # verify queries (1 + k tokens) count as decodes of context c + q - 1: the profiled decode attention reads
+        # each request's KV once; the extra queries' compute is not in the tables (memory-bound decode)
+        vn = shape.verify_new
+        pc = shape.num_tokens - shape.num_decodes - sum(vn)
+        kp = sum(shape.prefill_context)
+        nd = shape.num_decodes + len(vn)
+        kv_sum = shape.decode_sum + sum(c + q - 1 for q, c in zip(vn, shape.verify_context)) if vn else shape.decode_sum
+        kvd = kv_sum // nd if nd else 0
         t = self.attn.lookup_us(pc, kp, nd, kvd)
         if self.skew and nd > 1:
             kmax, kmin = shape.decode_max, shape.decode_min
@@ -255,7 +259,7 @@ class LLMServingSimProfileCostModel(CostModelBase):
 
     def breakdown(self, shape: BatchShape) -> dict[str, float]:
         """Step time split into dense layers, attention, MoE, communication and head (seconds)."""
-        T, S = shape.num_tokens, shape.num_seqs
+        T, S = shape.num_tokens, shape.num_logits
         if T == 0:
             return {}
         L = self.model.num_layers
@@ -271,7 +275,7 @@ class LLMServingSimProfileCostModel(CostModelBase):
         }
 
     def step_time(self, shape: BatchShape) -> float:
-        T, S = shape.num_tokens, shape.num_seqs
+        T, S = shape.num_tokens, shape.num_logits
         if T == 0:
             return 0.0
         L = self.model.num_layers

@@ -469,14 +469,32 @@ class OperatorCostModel(CostModelBase):
     def _attention_layer(self, shape: BatchShape) -> tuple[float, float]:
         """(prefill part, decode part) seconds of one layer's attention (with MLA module tables: the module)."""
         pre = dec = 0.0
-        if shape.verify_new:  # verify queries run in the varlen prefill kernel with the chunks
-            pre = self._prefill(shape.prefill_new + shape.verify_new, shape.prefill_context + shape.verify_context)
-        elif shape.prefill_new:
+        if shape.prefill_new:
             pre = self._prefill(shape.prefill_new, shape.prefill_context)
         nd = shape.num_decodes
         if nd:
             dec = self._decode(nd, shape.decode_sum, shape.decode_max)
+        if shape.verify_new:
+            dec += self._verify(shape.verify_new, shape.verify_context)
         return pre, dec
+
+    def _verify(self, qs: list[int], cs: list[int]) -> float:
+        """Seconds of one layer's attention over verify queries (q = 1 + k query tokens against c cached tokens
+        each). vLLM runs them in the decode kernel (FlashInfer / FlashMLA take up to 1 + k queries per request
+        as decodes, ``reorder_batch_threshold``): each request's KV is read once, as for a decode with context
+        c + q - 1, and the q queries add compute; the time is the larger of that decode's time and the compute
+        roof of the q·c + q(q+1)/2 query/key pairs (absorbed MLA pairs for an MLA model)."""
+        m = self.model
+        ctx = [c + q - 1 for q, c in zip(qs, cs)]
+        memory = self._decode(len(qs), sum(ctx), max(ctx))
+        pairs = sum(ops.prefill_pairs(q, c) for q, c in zip(qs, cs))
+        if m.is_mla:
+            per_pair = 2.0 * self.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+        else:
+            per_pair = 4.0 * self.heads * m.head_dim
+        e = self.eff
+        compute = self._roof(pairs * per_pair, 0.0, e.attention_compute, e.attention_memory, self.hw.bf16_flops)
+        return max(memory, compute)
 
     @staticmethod
     def _equivalent(qs: list[int], cs: list[int]) -> tuple[int, float, float, float]:
@@ -623,7 +641,7 @@ class OperatorCostModel(CostModelBase):
     def step_time(self, shape: BatchShape) -> float:
         if shape.num_tokens == 0:
             return self.eff.step_overhead_s
-        tok, extra, _ = self._token_terms(shape.dense_tokens, shape.num_seqs)
+        tok, extra, _ = self._token_terms(shape.dense_tokens, shape.num_logits)
         pre, dec = self._attention_layer(shape)
         t = tok + (pre + dec) * self.attn_calls + self.eff.step_overhead_s
         if self.enforce_eager:
@@ -670,7 +688,7 @@ class OperatorCostModel(CostModelBase):
                              f"layers over the {self.par.pp} pipeline stages this cost model was built for")
         if shape.num_tokens == 0:
             return [self.eff.step_overhead_s] + [0.0] * (len(layers) - 1)
-        out = list(self._stage_token_terms(shape.dense_tokens, shape.num_seqs, layers))
+        out = list(self._stage_token_terms(shape.dense_tokens, shape.num_logits, layers))
         pre, dec = self._attention_layer(shape)
         attn = pre + dec
         if self.enforce_eager:
@@ -685,7 +703,7 @@ class OperatorCostModel(CostModelBase):
         ``host_launch_bound`` (time kernels wait for the host to issue them); sums to :meth:`step_time`."""
         if shape.num_tokens == 0:
             return {"overhead": self.eff.step_overhead_s}
-        tok, extra, parts = self._token_terms(shape.dense_tokens, shape.num_seqs)
+        tok, extra, parts = self._token_terms(shape.dense_tokens, shape.num_logits)
         pre, dec = self._attention_layer(shape)
         out = dict(parts)
         key = "attention" if self.mla_mode != "module-table" else "mla_module"
@@ -699,7 +717,7 @@ class OperatorCostModel(CostModelBase):
     def op_calls(self, shape: BatchShape) -> list[tuple[float, int, int]]:
         """(GPU seconds per call, calls, kernels per call) of every operator of the step, for fitting host
         overheads (lab/costmodel/checks.py)."""
-        T, S = shape.dense_tokens, shape.num_seqs
+        T, S = shape.dense_tokens, shape.num_logits
         rows = [(op.fn(T, S), op.calls, op.kernels) for op in self.tok_ops]
         pre, dec = self._attention_layer(shape)
         if pre:
@@ -710,7 +728,7 @@ class OperatorCostModel(CostModelBase):
 
     def explain(self, shape: BatchShape) -> list[OpRow]:
         """Every operator of the step with its calls, total time, source, FLOPs and bytes (summed over calls)."""
-        T, S = shape.dense_tokens, shape.num_seqs
+        T, S = shape.dense_tokens, shape.num_logits
         rows: list[OpRow] = []
         if T == 0:
             return [OpRow("overhead", "overhead", 1, self.eff.step_overhead_s, "config", 0.0, 0.0)]
@@ -732,27 +750,6 @@ class OperatorCostModel(CostModelBase):
                               f"eager: {self.cpu_launch_s * 1e6:.1f} us per kernel launch", 0.0, 0.0))
         rows.append(OpRow("overhead", "overhead", 1, self.eff.step_overhead_s, "step_overhead_s", 0.0, 0.0))
         return rows
-
-    # ------------------------------------------------------------------------------------------ MTP
-    def mtp_time(self, shape: BatchShape) -> float:
-        """Seconds of one pass of the model's MTP module (DeepSeek ``num_nextn_predict_layers``) over the batch:
-        one decoder layer of the MoE kind plus its eh_proj GEMM (2h -> h), the shared LM head and sampler. Zero
-        for models without MTP. For the speculative-decoding drafter cost."""
-        m = self.model
-        if not m.num_mtp_layers or shape.num_tokens == 0:
-            return 0.0
-        T, S = shape.num_tokens, shape.num_seqs
-        per_call = {"norms": 2, "qkv_proj": 1, "o_proj": 1, "rope": 1, "qk_norm": 1, "qkv_a_proj": 1, "q_b_proj": 1,
-                    "q_proj": 1, "q_kv_a_norms": 1, "kv_a_norm": 1, "router": 1, "moe_experts": 1,
-                    "shared_gate_up": 1, "shared_act": 1, "shared_down": 1, "ep_alltoall": 1,
-                    "allreduce": 2 if self.par.ep == 1 else 1}
-        if not m.is_moe:
-            per_call.update({"gate_up_proj": 1, "act": 1, "down_proj": 1})
-        per_layer = sum(op.fn(T, S) * per_call[op.name] for op in self.tok_ops if op.name in per_call)
-        pre, dec = self._attention_layer(shape)
-        eh, _, _ = self._gemm_fn(m.hidden_size, 2 * m.hidden_size)
-        head = sum(op.fn(T, S) for op in self.tok_ops if op.name in ("lm_head", "sampler", "logits_gather"))
-        return m.num_mtp_layers * (per_layer + pre + dec + eh(T)) + head
 
 
 def load_curves(path=None) -> CurveSet:
@@ -777,15 +774,18 @@ def load_curves(path=None) -> CurveSet:
     return CurveSet.from_json(data, str(p))
 
 
-def build_operator_cost_model(exp, model: ModelArch, hw: Hardware) -> OperatorCostModel:
-    """The operator cost model an experiment asks for (``cost_model.kind: operator``).
+def build_operator_cost_model(exp, model: ModelArch, hw: Hardware,
+                              parallel: Parallelism | None = None) -> OperatorCostModel:
+    """The operator cost model an experiment asks for (``cost_model.kind: operator``); ``parallel`` overrides the
+    experiment's parallelism (a speculative drafter runs unsplit by PP).
 
     Raises:
         FileNotFoundError / ValueError: a missing table folder or coefficients file, or a bad parallelism.
     """
     c = exp.cost_model
     h = exp.hardware
-    par = Parallelism(h.tensor_parallel_size, h.pipeline_parallel_size, h.expert_parallel_size, h.data_parallel_size)
+    par = parallel or Parallelism(h.tensor_parallel_size, h.pipeline_parallel_size, h.expert_parallel_size,
+                                  h.data_parallel_size)
     tables = None
     if c.tables:
         paths = [exp.path(t, f"cost_model.tables[{i}]") for i, t in enumerate(c.tables)]

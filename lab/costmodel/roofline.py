@@ -112,14 +112,23 @@ class RooflineCostModel(CostModelBase):
         bw = self.hw.memory_bandwidth * e.attention_memory
         fl = self.attn_peak * e.attention_compute
         t = 0.0
-        if shape.prefill_new or shape.verify_new:
+        if shape.prefill_new:
             pairs = 0.0
             kv_tokens = 0
-            for q, c in (shape.query_chunks() if shape.verify_new else zip(shape.prefill_new, shape.prefill_context)):
+            for q, c in zip(shape.prefill_new, shape.prefill_context):
                 pairs += q * (c + (q + 1) / 2.0)
                 kv_tokens += c + q
-            byts = kv_tokens * self.kv_layer_bytes + 2 * shape.num_prefill_tokens * self.heads * max(m.head_dim, m.v_head_dim) * self.abytes
+            byts = kv_tokens * self.kv_layer_bytes + 2 * sum(shape.prefill_new) * self.heads * max(m.head_dim, m.v_head_dim) * self.abytes
             t += max(pairs * pair_prefill / fl, byts / bw) + e.kernel_launch_s
+        if shape.verify_new:
+            # verify queries (1 + k tokens each) run as decodes: KV read once, compute for every query (absorbed
+            # pairs for MLA), one kernel with the decodes in vLLM, priced as its own roof here
+            pairs = 0.0
+            kv_tokens = 0
+            for q, c in zip(shape.verify_new, shape.verify_context):
+                pairs += q * (c + (q + 1) / 2.0)
+                kv_tokens += c + q
+            t += max(pairs * pair_decode / fl, kv_tokens * self.kv_layer_bytes / bw) + e.kernel_launch_s
         if shape.num_decodes:
             ctx = shape.decode_sum + shape.num_decodes
             byts = ctx * self.kv_layer_bytes
@@ -155,7 +164,7 @@ class RooflineCostModel(CostModelBase):
         T = shape.num_tokens
         if T == 0:
             return {"overhead": self.eff.step_overhead_s}
-        out = {k: v for k, v in self._token_terms(shape.dense_tokens, shape.num_seqs).items() if k != "_sum"}
+        out = {k: v for k, v in self._token_terms(shape.dense_tokens, shape.num_logits).items() if k != "_sum"}
         out["attention"] = self._attention(shape) * self.model.num_layers
         return out
 
@@ -223,4 +232,4 @@ class RooflineCostModel(CostModelBase):
         T = shape.num_tokens
         if T == 0:
             return self.eff.step_overhead_s
-        return self._token_terms(shape.dense_tokens, shape.num_seqs)["_sum"] + self._attention(shape) * self.model.num_layers
+        return self._token_terms(shape.dense_tokens, shape.num_logits)["_sum"] + self._attention(shape) * self.model.num_layers

@@ -83,7 +83,8 @@ class Instance:
         record_events: keep each request's (time, event) history.
         options: step execution options (async scheduling, CPU overhead, CUDA-graph padding, PP stages).
         pool: name of the pool this instance belongs to ("" in a single-pool deployment).
-        acceptance: draft acceptance model (speculative decoding); None = steps carry no drafts.
+        acceptance: the drafter (speculative decoding, lab/core/speculation.py ``Speculator``): proposes each
+            request's drafts and decides their acceptance; None = no speculative decoding.
         start: start the engine loop as this instance's own SimPy process; False when a lock-step group drives
             its steps (lab/cluster/lockstep.py).
 
@@ -116,6 +117,7 @@ class Instance:
         self.itl = itl_samples
         self.on_done = on_done
         self.outputs = StepOutputs(kv, itl_samples, on_done, self.async_scheduling, acceptance)
+        self.acceptance = acceptance
         self.record_events = record_events
         self.steps = StepLog(instance_id, kv.pool.num_gpu_blocks - 1, num_slots=depth if pp > 1 else 1)
         self.breakdown: dict[str, array] = {}
@@ -140,7 +142,7 @@ class Instance:
         self.num_jumps = 0
         self.jumped_steps = 0
         self._ff = (opt.fast_forward and not opt.record_breakdown and scheduler.supports_fast_forward
-                    and pp == 1 and start)
+                    and pp == 1 and start and acceptance is None)  # drafts are drawn step by step
         self.process = env.process(self._loop()) if start else None
 
     # ---- the EngineView a scheduler sees ----
@@ -183,6 +185,7 @@ class Instance:
         if not swapped:
             request.num_computed_tokens = 0
         request.num_output_placeholders = 0  # a token sampled by a step in flight is dropped
+        request.num_spec_tokens = 0  # and so are its drafts
         request.num_preemptions += 1
         self.num_preemptions += 1
         where = self.config.preemption_requeue
@@ -333,6 +336,8 @@ class Instance:
         pool = self.kv.pool
         used = pool.num_gpu_blocks - 1 - len(pool.free_queue)
         step = ScheduledStep(reqs, news, samples, shape, [], now, used, len(out.preempted), 0.0, spec)
+        if out.padded_drafts:
+            step.padded_drafts = out.padded_drafts
         if self.pipeline_async:
             # V2 runner: a decode is eligible again after pp scheduler steps, and its input token comes from the
             # micro-batch before it, so this one enters stage 0 only once that token has left the last stage
@@ -352,6 +357,7 @@ class Instance:
         add_before = before.append
         add_sample = samples.append
         placeholders = self.async_scheduling
+        propose = self.acceptance.propose if placeholders and self.acceptance is not None else None
         bs = self.kv.block_size
         for r, n, k in zip(reqs, news, spec if spec is not None else repeat(0)):
             c = r.num_computed_tokens
@@ -364,6 +370,8 @@ class Instance:
             if c >= r.prompt_len + r.num_output_tokens + r.num_output_placeholders + k:
                 if placeholders:
                     r.num_output_placeholders += 1 + k
+                    if propose is not None:  # async: the next drafts are placeholders, the real ones stay on the GPU
+                        r.num_spec_tokens = propose(r)
                 add_sample(True)
             else:
                 add_sample(False)

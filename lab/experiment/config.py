@@ -238,6 +238,86 @@ class CostModelConfig(_Strict):
         return self
 
 
+class AcceptanceDistribution(_Strict):
+    """Per-request acceptance rates: each request draws its own i.i.d. rate (seeded)."""
+
+    kind: Literal["beta", "uniform", "constant"] = "beta"
+    mean: float = Field(0.7, gt=0, lt=1, description="beta: mean rate")
+    concentration: float = Field(20.0, gt=0, description="beta: alpha + beta (larger = less spread)")
+    low: float = Field(0.5, ge=0, le=1, description="uniform: lowest rate")
+    high: float = Field(0.9, ge=0, le=1, description="uniform: highest rate")
+    value: float = Field(0.7, ge=0, le=1, description="constant: the rate")
+
+    @model_validator(mode="after")
+    def _range(self) -> "AcceptanceDistribution":
+        if self.kind == "uniform" and self.low > self.high:
+            raise ValueError(f"low ({self.low}) must not exceed high ({self.high})")
+        return self
+
+
+class AcceptanceConfig(_Strict):
+    """How many drafts the target accepts (lab/core/speculation.py).
+
+    ``default``: the published figures for the method and model (lab/experiment/speculative.py names the source);
+    ``per_position``: conditional rates p_1..p_k (draft i accepted with p_i given 1..i-1 were); ``iid``: one rate
+    for every position; ``per_request``: each request's own i.i.d. rate, from the trace's ``acceptance_rate``
+    column when it has one, else drawn from ``distribution``.
+    """
+
+    kind: Literal["default", "per_position", "iid", "per_request"] = "default"
+    rates: list[float] | None = Field(None, description="per_position: conditional acceptance of draft 1, 2, ...")
+    rate: float | None = Field(None, ge=0, le=1, description="iid: acceptance of every draft")
+    distribution: AcceptanceDistribution = AcceptanceDistribution()
+
+    @model_validator(mode="after")
+    def _needed(self) -> "AcceptanceConfig":
+        if self.kind == "per_position":
+            if not self.rates:
+                raise ValueError("kind 'per_position' needs 'rates' (a list of probabilities)")
+            bad = [p for p in self.rates if not 0 <= p <= 1]
+            if bad:
+                raise ValueError(f"rates must be probabilities in [0, 1], got {bad}")
+        if self.kind == "iid" and self.rate is None:
+            raise ValueError("kind 'iid' needs 'rate' (a probability)")
+        return self
+
+
+class SpeculativeConfig(_Strict):
+    """Speculative decoding, as vLLM's ``--speculative-config`` names it (docs/speculative.md)."""
+
+    method: Literal["ngram", "eagle", "eagle3", "draft_model", "mtp"]
+    num_speculative_tokens: int = Field(ge=1, le=64, description="k: drafts proposed per step")
+    model: str | None = Field(None, description="draft_model: the draft model's catalog name")
+    hf_config: str | None = Field(None, description="draft_model: a Hugging Face config.json instead of a name")
+    draft_tensor_parallel_size: int | None = Field(None, ge=1, description="draft_model: default the target's TP")
+    draft_vocab_size: int = Field(32000, ge=1, description="eagle3: vocabulary of the drafter's own LM head")
+    prompt_lookup_min: int = Field(2, ge=1, description="ngram: shortest n-gram matched (recorded only)")
+    prompt_lookup_max: int = Field(5, ge=1, description="ngram: longest n-gram matched (recorded only)")
+    ngram_hit_probability: float | None = Field(None, ge=0, le=1, description="ngram: chance a step finds a "
+                                                "match and proposes drafts (default: docs/speculative.md)")
+    ngram_cpu_us_per_request: float = Field(20.0, ge=0, description="ngram: CPU lookup time per request per step")
+    acceptance: AcceptanceConfig = AcceptanceConfig()
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _mtp_alias(cls, v: Any) -> Any:
+        """vLLM rewrites ``deepseek_mtp`` and every other ``*_mtp`` name to ``mtp`` (config/speculative.py)."""
+        return "mtp" if isinstance(v, str) and v.endswith("_mtp") else v
+
+    @model_validator(mode="after")
+    def _draft_model(self) -> "SpeculativeConfig":
+        if self.method == "draft_model" and not (self.model or self.hf_config):
+            raise ValueError("method 'draft_model' needs 'model' (a catalog name) or 'hf_config'")
+        if self.method != "draft_model" and (self.model or self.hf_config):
+            raise ValueError(f"'model' / 'hf_config' name a draft model; method {self.method!r} does not use one")
+        if self.model and not self.hf_config:
+            load_model(self.model)  # ValueError listing the catalog
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) exceeds prompt_lookup_max "
+                             f"({self.prompt_lookup_max})")
+        return self
+
+
 class SimulationConfig(_Strict):
     """Run control."""
 
@@ -289,6 +369,7 @@ class Experiment(_Strict):
     cluster: ClusterConfig = ClusterConfig()
     pools: list[PoolConfig] | None = None
     cost_model: CostModelConfig = CostModelConfig()
+    speculative: SpeculativeConfig | None = None
     simulation: SimulationConfig = SimulationConfig()
     validation: ValidationConfig | None = None
     slo: SLOConfig = SLOConfig()

@@ -22,6 +22,8 @@ from lab.costmodel.model_arch import ModelArch, load_model, resolve_kv_dtype
 from lab.costmodel.operator import build_operator_cost_model
 from lab.costmodel.parallel import Parallelism
 from lab.costmodel.roofline import Efficiency, RooflineCostModel
+from lab.costmodel.speculative import Drafter
+from lab.experiment import speculative as spec_setup
 from lab.core.step_log import StepLog
 from lab.engine.instance import EngineOptions, Instance
 from lab.core.kv_cache import KVCacheManager
@@ -65,6 +67,7 @@ class Deployment:
     engine_options: EngineOptions
     prepend_unhashed: bool = True
     derived_kv_capacity: KVCapacity | None = None
+    drafter: Drafter | None = None
 
 
 @dataclass
@@ -174,6 +177,8 @@ def build_deployment(exp: Experiment) -> Deployment:
         return ver[field] if v is None else v
 
     kv_dtype = resolve_kv_dtype(m.dtype, m.kv_cache_dtype)
+    spec = exp.speculative
+    drafter = spec_setup.make_experiment_drafter(exp, model) if spec is not None else None
     max_model_len = e.max_model_len or model.max_position_embeddings
     default_mbt, default_seqs = batch_defaults(hw)
     mbt = e.max_num_batched_tokens or default_mbt
@@ -185,7 +190,10 @@ def build_deployment(exp: Experiment) -> Deployment:
             model, hw, block_size=e.block_size, gpu_memory_utilization=pick("gpu_memory_utilization"),
             max_num_batched_tokens=mbt, max_num_seqs=max_num_seqs, tp=tp, kv_dtype=kv_dtype,
             weight_dtype=m.dtype, pp=exp.hardware.pipeline_parallel_size, ep=exp.hardware.expert_parallel_size,
-            dp=exp.hardware.data_parallel_size)
+            dp=exp.hardware.data_parallel_size,
+            drafter_kv_bytes_per_token=drafter.kv_bytes_per_token if drafter else 0,
+            drafter_weight_bytes=drafter.weight_bytes if drafter else 0,
+            include_mtp=drafter is not None and drafter.method == "mtp")
     except ValueError:
         if e.num_gpu_blocks is None:
             raise
@@ -201,19 +209,40 @@ def build_deployment(exp: Experiment) -> Deployment:
         scheduler_reserve_full_isl=pick("scheduler_reserve_full_isl"),
         watermark=e.watermark, queue_policy=exp.policy.queue,
         preemption_mode=exp.policy.preemption.mode, preemption_victim=exp.policy.preemption.victim,
-        preemption_requeue=exp.policy.preemption.requeue)
+        preemption_requeue=exp.policy.preemption.requeue,
+        num_lookahead_tokens=spec_setup.num_lookahead_tokens(exp),
+        num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+        pad_new_one_token_requests=spec is not None and e.vllm_version == "0.33")
     cost = build_cost_model(exp, model, hw)
     sizes: tuple[int, ...] = ()
     if e.cudagraph:
         sizes = tuple(sorted(e.cudagraph_capture_sizes)) if e.cudagraph_capture_sizes else default_capture_sizes(max_num_seqs)
+    if drafter is not None:
+        cost = spec_setup.speculative_cost_model(exp, cost, drafter, hw,
+                                                 lambda arch, tp: build_cost_model(exp, arch, hw, tp, drafter=True),
+                                                 sizes)
     c = e.cpu_overhead
     h = exp.hardware
     stages = tuple(Parallelism(pp=h.pipeline_parallel_size).stage_layers(model.num_layers)) \
         if h.pipeline_parallel_size > 1 else ()
-    options = EngineOptions(async_scheduling=pick("async_scheduling") and not lock_step(exp), cpu_base_s=c.base_s,
+    options = EngineOptions(async_scheduling=_async_scheduling(exp, pick("async_scheduling")), cpu_base_s=c.base_s,
                             cpu_per_seq_s=c.per_seq_s, cpu_per_token_s=c.per_token_s, cudagraph_sizes=sizes,
                             stage_layers=stages)
-    return Deployment(model, hw, sched, blocks, capacity, cost, options, ver["prepend_unhashed"], derived)
+    return Deployment(model, hw, sched, blocks, capacity, cost, options, ver["prepend_unhashed"], derived, drafter)
+
+
+def _async_scheduling(exp: Experiment, default: bool) -> bool:
+    """Async scheduling, unless lock-step DP or n-gram drafting rules it out (vLLM turns it off for spec methods
+    its async path does not support, n-gram among them: shared/specs/vllm-v1-scheduling.md §6).
+
+    Raises:
+        ValueError: ``engine.async_scheduling: true`` with n-gram speculative decoding.
+    """
+    ngram = exp.speculative is not None and exp.speculative.method == "ngram"
+    if ngram and exp.engine.async_scheduling:
+        raise ValueError("engine.async_scheduling: vLLM's async scheduling does not support speculative.method "
+                         "ngram; leave it unset or false")
+    return default and not lock_step(exp) and not ngram
 
 
 def lock_step(exp: Experiment) -> bool:
@@ -227,12 +256,21 @@ def lock_step(exp: Experiment) -> bool:
     return h.expert_parallel_size > 1
 
 
-def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware) -> CostModel:
-    """The experiment's cost model."""
+def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware, tp: int | None = None,
+                     drafter: bool = False) -> CostModel:
+    """The experiment's cost model for ``model`` on ``tp`` GPUs (default: the experiment's TP). With ``drafter``
+    it prices a speculative drafter: no pipeline split, and a draft model of another architecture than the
+    profiled one falls back to the roofline under ``llmservingsim_profile``."""
     c = exp.cost_model
-    tp = exp.hardware.tensor_parallel_size
+    tp = tp or exp.hardware.tensor_parallel_size
     link = (exp.hardware.link_gbps * 1e9) if exp.hardware.link_gbps else hw.link_bandwidth
-    if c.kind == "llmservingsim_profile":
+    h = exp.hardware
+    if drafter and c.kind == "operator":
+        ep = h.expert_parallel_size if model.is_moe else 1
+        dp = h.data_parallel_size if model.is_moe else 1
+        return build_operator_cost_model(exp, model, hw, Parallelism(tp, 1, ep, dp))
+    profiled = not drafter or exp.speculative is None or exp.speculative.method != "draft_model"
+    if c.kind == "llmservingsim_profile" and profiled:
         return LLMServingSimProfileCostModel(exp.path(c.profile_dir, "cost_model.profile_dir"), model, tp=tp,  # type: ignore[arg-type]
                                              link_bandwidth=link, link_latency_s=exp.hardware.link_latency_us * 1e-6,
                                              use_skew=c.use_skew)
@@ -261,6 +299,7 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     t0 = time.perf_counter()
     pools = [(cfg, sub, _build_pool_deployment(cfg, i, sub)) for i, (cfg, sub) in enumerate(pool_experiments(exp))]
     reqs = requests if requests is not None else build_requests(exp)
+    spec_setup.assign_request_rates(exp, reqs)
     env = simpy.Environment()
     itl = WeightedSamples()
     total = len(reqs)
@@ -352,10 +391,15 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
     for i in range(first_id, first_id + exp.cluster.num_instances):
         kv = KVCacheManager(dep.num_gpu_blocks, e.block_size, dep.scheduler_config.max_model_len,
                             enable_prefix_caching=e.enable_prefix_caching,
-                            prepend_unhashed=dep.prepend_unhashed)
+                            prepend_unhashed=dep.prepend_unhashed,
+                            drop_last_hit_block=spec_setup.drops_last_hit_block(exp))
         scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir, exp.policy.options, exp.seed)
+        if exp.speculative is not None and not scheduler.supports_speculation:
+            raise ValueError(f"speculative: scheduler {exp.policy.scheduler!r} does not schedule drafts "
+                             "(supports_speculation is False); use vllm_v1, sjf or sglang")
         inst = Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
-                        record_events=run.record_events, options=options, pool=pool, start=own_loop)
+                        record_events=run.record_events, options=options, pool=pool, start=own_loop,
+                        acceptance=spec_setup.make_speculator(exp, dep.model))
         if exp.policy.preemption.mode == "swap":  # KV bytes cross the host link both ways
             kv_dtype = resolve_kv_dtype(exp.model.dtype, exp.model.kv_cache_dtype)
             inst.configure_swap(dep.model.kv_bytes_per_token(kv_dtype, exp.hardware.tensor_parallel_size),

@@ -20,7 +20,8 @@ from lab.core.request import Request, RequestStatus
 REQUEST_COLUMNS = [
     "request_id", "instance", "priority", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
     "prompt_tokens", "output_tokens", "generated_tokens", "ttft", "tpot", "e2el", "queue_time", "num_preemptions",
-    "prefix_hit_tokens", "status", "reason", "pool", "served_by",
+    "prefix_hit_tokens", "status", "reason", "pool", "served_by", "num_drafts", "num_draft_tokens",
+    "num_accepted_tokens",
 ]
 
 DEFAULT_PERCENTILES = (50, 90, 95, 99)
@@ -75,7 +76,7 @@ def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
             r.prompt_len, r.max_tokens, r.num_output_tokens, ttft, tpot, e2el,
             (r.first_scheduled_time - arr) if r.first_scheduled_time is not None else nan,
             r.num_preemptions, r.prefix_hit_tokens, _STATUS.get(r.status, "unfinished"), r.reason, r.pool,
-            ",".join(map(str, r.served_by)),
+            ",".join(map(str, r.served_by)), r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens,
         ))
     df = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
     df["request_id"] = df["request_id"].astype(str)
@@ -83,6 +84,19 @@ def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
     df["pool"] = df["pool"].astype(str)
     df["served_by"] = df["served_by"].astype(str)
     return df
+
+
+def speculative_stats(num_drafts: int, num_draft_tokens: int, num_accepted_tokens: int,
+                      accepted_per_pos: Sequence[int]) -> dict:
+    """vLLM's spec-decode figures (v1/spec_decode/metrics.py): acceptance rate = accepted / draft tokens, mean
+    acceptance length = 1 + accepted / drafts (tokens per verification, the bonus token included), per-position
+    acceptance = verifications whose draft i was accepted / drafts (unconditional, as vLLM logs it)."""
+    return {
+        "num_drafts": num_drafts, "num_draft_tokens": num_draft_tokens, "num_accepted_tokens": num_accepted_tokens,
+        "acceptance_rate": num_accepted_tokens / num_draft_tokens if num_draft_tokens else None,
+        "mean_acceptance_length": 1 + num_accepted_tokens / num_drafts if num_drafts else None,
+        "per_position_acceptance": [n / num_drafts if num_drafts else None for n in accepted_per_pos],
+    }
 
 
 def describe(values: Iterable[float] | np.ndarray, percentiles: Sequence[float] = DEFAULT_PERCENTILES,

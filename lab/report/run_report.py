@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 
 from lab.core.step_log import STEP_COLUMNS
 from lab.report.plots import pyplot
-from lab.report.metrics import engine_stats, requests_frame, summarize
+from lab.report.metrics import engine_stats, requests_frame, speculative_stats, summarize
+from lab.experiment.speculative import acceptance_rates
 from lab.experiment.simulation import SimResult
 
 
@@ -139,6 +140,16 @@ def collect(result: SimResult, steps: pd.DataFrame | None = None) -> tuple[pd.Da
          "cost_model": d.cost_model.name} for name, d in result.pools if name]
     summary["deployment"]["lock_step_groups"] = len(result.groups)
     summary["deployment"]["hand_offs"] = result.cluster.num_hand_offs if result.cluster is not None else 0
+    spec = exp.speculative
+    if spec is not None:
+        drafters = [i.acceptance for i in result.instances if i.acceptance is not None]
+        per_pos = [sum(d.accepted_per_pos[j] for d in drafters) for j in range(spec.num_speculative_tokens)]
+        summary["speculative"] = {
+            "method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+            "acceptance_source": acceptance_rates(exp, dep.model)[1] if spec.acceptance.kind != "per_request"
+            else "per request", "drafter_kv_bytes_per_token": dep.drafter.kv_bytes_per_token if dep.drafter else 0,
+            **speculative_stats(sum(d.num_drafts for d in drafters), sum(d.num_draft_tokens for d in drafters),
+                                sum(d.num_accepted_tokens for d in drafters), per_pos)}
     summary["simulation"] = {"sim_end_s": result.sim_end, "wall_time_s": result.wall_time_s,
                              "seed": exp.seed, "fast_forward_jumps": sum(i.num_jumps for i in result.instances),
                              "fast_forward_steps": sum(i.jumped_steps for i in result.instances),
@@ -237,6 +248,13 @@ def markdown(summary: dict, figures: list[tuple[str, str]]) -> str:
         lines += ["", f"Engine: {eng['num_steps']} steps, mean batch {eng['mean_batch_size']:.1f} requests / "
                       f"{eng['mean_scheduled_tokens']:.0f} tokens, peak KV usage {eng['peak_kv_usage'] * 100:.1f} %, "
                       f"peak running {eng['peak_running']}, peak waiting {eng['peak_waiting']}."]
+    sp = summary.get("speculative")
+    if sp and sp["num_drafts"]:
+        pos = ", ".join(f"{p:.3f}" for p in sp["per_position_acceptance"])
+        lines += ["", f"Speculative decoding: {sp['method']}, k = {sp['num_speculative_tokens']}; "
+                      f"{sp['num_drafts']} verifications, acceptance rate {sp['acceptance_rate'] * 100:.1f} %, mean "
+                      f"acceptance length {sp['mean_acceptance_length']:.2f} tokens per step, per-position acceptance "
+                      f"{pos} (acceptance model: {sp['acceptance_source']})."]
     inst = summary.get("instances") or []
     if len(inst) > 1:
         lines += ["", f"Per instance (router `{d.get('router')}`; latencies in ms):", "",

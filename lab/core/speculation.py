@@ -1,0 +1,113 @@
+"""Speculative decoding's random part: whether a drafter proposes, and how many of its drafts the target accepts.
+
+vLLM's rejection sampler (vllm/v1/sample/rejection_sampler.py) keeps draft i only if drafts 1..i-1 were kept, so
+the model here is a vector of *conditional* acceptance probabilities p_1..p_K: draft i is accepted with
+probability p_i given that 1..i-1 were (shared/specs/vllm-v1-scheduling.md §3). A request may carry its own
+i.i.d. rate (``Request.acceptance_rate``: from the trace, or drawn per request), which then replaces the vector.
+n-gram prompt lookup proposes only when it finds a match: ``hit_probability`` is the chance that it finds one at a
+step (no match = no drafts that step, as vLLM's ``NgramProposer`` returns none).
+
+Every draw is a counter-based uniform of (seed, request index, draw number), so a request's acceptance stream is
+the same whatever else runs beside it, on any instance and in any process (common random numbers across the
+configurations a sweep compares), and a run is reproducible for a given seed.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from lab.core.request import Request
+
+_MASK = (1 << 64) - 1
+
+
+def uniform(seed: int, index: int, counter: int) -> float:
+    """A uniform number in [0, 1) from (seed, request index, draw number): SplitMix64's finaliser over a mix of
+    the three (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014)."""
+    z = (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9 + counter * 0x94D049BB133111EB + 0x632BE59BD9B4E019) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    z ^= z >> 31
+    return (z >> 11) * (1.0 / (1 << 53))
+
+
+class Speculator:
+    """Proposes drafts and decides their acceptance for one instance; keeps vLLM's spec-decode counters.
+
+    Args:
+        num_speculative_tokens: k, drafts proposed per step (vLLM ``num_speculative_tokens``).
+        acceptance_rates: conditional acceptance probability of draft 1, 2, ... (each in [0, 1]); positions past
+            the end of the list take its last value.
+        seed: the experiment's seed.
+        hit_probability: chance that the drafter has a proposal at a step (n-gram lookup; 1 for model drafters).
+
+    Attributes (vLLM ``SpecDecodingStats``, v1/spec_decode/metrics.py): ``num_drafts`` (verifications with at least
+    one real draft), ``num_draft_tokens``, ``num_accepted_tokens`` and ``accepted_per_pos[i]`` (verifications whose
+    draft i+1 was accepted).
+
+    Raises:
+        ValueError: k < 1, an empty or out-of-range rate vector, or a hit probability outside [0, 1].
+    """
+
+    def __init__(self, num_speculative_tokens: int, acceptance_rates: Sequence[float], seed: int = 0,
+                 hit_probability: float = 1.0) -> None:
+        if num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        rates = [float(p) for p in acceptance_rates]
+        if not rates or not all(0.0 <= p <= 1.0 for p in rates):
+            raise ValueError(f"acceptance rates must be a non-empty list of probabilities in [0, 1], got {rates}")
+        if not 0.0 <= hit_probability <= 1.0:
+            raise ValueError(f"hit_probability must be in [0, 1], got {hit_probability}")
+        k = num_speculative_tokens
+        self.num_speculative_tokens = k
+        self.rates = (rates + [rates[-1]] * k)[:k]
+        self.seed = int(seed)
+        self.hit_probability = float(hit_probability)
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_pos = [0] * k
+
+    def propose(self, request: Request) -> int:
+        """Drafts the drafter proposes for ``request``'s next step: k, or 0 when an n-gram lookup misses."""
+        if self.hit_probability >= 1.0:
+            return self.num_speculative_tokens
+        draw = request.spec_draws
+        request.spec_draws = draw + 1
+        hit = uniform(self.seed, request.index, draw) < self.hit_probability
+        return self.num_speculative_tokens if hit else 0
+
+    def num_accepted(self, request: Request, num_draft_tokens: int) -> int:
+        """Accepted drafts of one verification (0..num_draft_tokens); updates the request's and the run's
+        counters. Draft i is drawn against the request's own rate if it has one, else against ``rates[i]``."""
+        own = request.acceptance_rate
+        rates = self.rates
+        seed, index, draw = self.seed, request.index, request.spec_draws
+        accepted = 0
+        while accepted < num_draft_tokens:
+            p = own if own is not None else rates[accepted]
+            u = uniform(seed, index, draw)
+            draw += 1
+            if u >= p:
+                break
+            accepted += 1
+        request.spec_draws = draw
+        request.num_drafts += 1
+        request.num_draft_tokens += num_draft_tokens
+        request.num_accepted_tokens += accepted
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += accepted
+        per_pos = self.accepted_per_pos
+        for i in range(accepted):
+            per_pos[i] += 1
+        return accepted
+
+    def expected_accepted(self, num_draft_tokens: int) -> float:
+        """Mean accepted drafts of a verification of ``num_draft_tokens`` under ``rates``: Σ_i Π_{j<=i} p_j."""
+        total = run = 0.0
+        run = 1.0
+        for p in self.rates[:num_draft_tokens]:
+            run *= p
+            total += run
+        return total
