@@ -16,6 +16,8 @@ from typing import Callable
 
 import simpy
 
+from lab.cluster.transfer import Link, TransferCost
+from lab.core.remote_kv import RemoteKV
 from lab.core.request import Request
 from lab.core.sched_api import Router
 from lab.engine.instance import Instance
@@ -44,12 +46,19 @@ class HandOff:
     Attributes:
         to: name of the target pool.
         after_output_tokens: output tokens a request produces in this pool before it leaves (>= 1).
-        delay_s: seconds between leaving and arriving (a fixed transfer and handover time).
+        delay_s: seconds between leaving and arriving (the handover: P's output processing and the proxy hop).
+        transfer: prefill/decode disaggregation (vLLM NIXL pull): the source keeps the request's blocks pinned,
+            the target reads the KV over its ingress link once it has blocks for it, and samples its own first
+            token (the source's is discarded). None: the request arrives with its computed state after
+            ``delay_s``.
+        link_bandwidth: bytes per second of each target instance's ingress link (with ``transfer``).
     """
 
     to: str
     after_output_tokens: int = 1
     delay_s: float = 0.0
+    transfer: TransferCost | None = None
+    link_bandwidth: float = 0.0
 
 
 @dataclass
@@ -94,6 +103,17 @@ class Cluster:
         self.entry_instances = [i for p in self.entry for i in p.instances]
         self.entry_views = [v for p in self.entry for v in p.views]
         self.num_hand_offs = 0
+        self.by_id = {i.instance_id: i for p in pools for i in p.instances}
+        self.links: dict[int, Link] = {}
+        self.bytes_transferred = 0.0
+        self.drafter_bytes_transferred = 0.0
+        self.num_lease_expiries = 0
+        for p in pools:
+            rule = p.hand_off
+            if rule is not None and rule.transfer is not None:
+                for inst in self.pools[rule.to].instances:
+                    self.links[inst.instance_id] = Link(env, rule.link_bandwidth, f"KV link to instance {inst.instance_id}")
+                    inst.load_remote_kv = self._loader(inst, rule.transfer)
 
     @property
     def instances(self) -> list[Instance]:
@@ -122,6 +142,8 @@ class Cluster:
         rule = self.pools[request.pool].hand_off
         assert rule is not None  # only instances of pools with a rule have this callback
         self.num_hand_offs += 1
+        if rule.transfer is not None:
+            self._pin(request, rule.transfer)
         if rule.delay_s > 0:
             self.env.process(self._deliver_later(request, rule))
         else:
@@ -139,3 +161,48 @@ class Cluster:
         request.stop_at = request.max_tokens
         self._enter(request, inst)
         inst.receive(request)
+
+    # ---- prefill/decode disaggregation (vLLM NIXL pull; shared/specs/vllm-v1-scheduling.md §5) ----
+    def _pin(self, request: Request, cost: TransferCost) -> None:
+        """P finished the request: keep its blocks pinned for the reader (``delay_free``), start the lease, and
+        discard P's token (D recomputes the last prompt token and samples its own first token)."""
+        src = self.by_id[request.instance_id]
+        pinned = src.kv.detach(request)
+        src.num_pinned_blocks += len(pinned.blocks)
+        src.peak_pinned_blocks = max(src.peak_pinned_blocks, src.num_pinned_blocks)
+        now = self.env.now
+        remote = RemoteKV(src, pinned, request.prompt_len, cost.bytes_per_token, cost.drafter_bytes_per_token)
+        remote.times.update(arrival=request.arrival_time, p_scheduled=request.first_scheduled_time, p_done=now)
+        request.remote = remote
+        request.num_output_tokens = 0
+        request.first_token_time = request.last_token_time = None
+        request.num_computed_tokens = 0
+        self.env.process(self._lease(remote, cost.lease_s))
+
+    def _lease(self, remote: RemoteKV, lease_s: float):
+        yield self.env.timeout(lease_s)
+        if "transfer_start" not in remote.times and remote.pinned is not None:
+            remote.release_pinned()  # D never started reading: P frees the blocks, D will recompute
+            remote.expired = True
+            self.num_lease_expiries += 1
+
+    def _loader(self, inst: Instance, cost: TransferCost) -> Callable[[Request], simpy.Event]:
+        link = self.links[inst.instance_id]
+
+        def load(request: Request) -> simpy.Event:
+            done = self.env.event()
+            self.env.process(self._transfer(request, link, cost, done))
+            return done
+        return load
+
+    def _transfer(self, request: Request, link: Link, cost: TransferCost, done: simpy.Event):
+        """One read: the fixed costs, then the bytes on the shared link; P frees its blocks when it is done."""
+        remote = request.remote
+        n = remote.num_loaded_tokens
+        yield self.env.timeout(cost.fixed_s(n))
+        yield link.send(remote.bytes)
+        remote.release_pinned()  # finished_sending
+        self.bytes_transferred += remote.bytes
+        self.drafter_bytes_transferred += remote.drafter_bytes
+        done.succeed()
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from lab.core.remote_kv import PinnedBlocks
 from lab.core.request import Request
 
 
@@ -442,6 +443,45 @@ class KVCacheManager:
                     b.in_map = True
                     cached[h] = b
         request.num_cached_blocks = num_full
+
+    def detach(self, request: Request) -> PinnedBlocks:
+        """Take a request's blocks out of it without freeing them (vLLM's ``delay_free``: a P instance keeps a
+        finished request's KV pinned until the D side has read it); :meth:`free_pinned` frees them later."""
+        pinned = PinnedBlocks(request.blocks, request.num_cached_blocks, unique_content(request))
+        request.blocks = []
+        request.num_cached_blocks = 0
+        request.prev_blocks = None
+        return pinned
+
+    def free_pinned(self, pinned: PinnedBlocks) -> None:
+        """Free blocks :meth:`detach` took, last block first, as :meth:`free` does for a finished request."""
+        if pinned.unique:
+            self.pool.free_unique(pinned.blocks, pinned.num_cached)
+        else:
+            self.pool.free_blocks(reversed(pinned.blocks))
+        pinned.blocks = []
+
+    def allocate_for_remote(self, request: Request, num_tokens: int) -> tuple[bool, int]:
+        """Blocks for a request whose first ``num_tokens`` tokens' KV another instance will send (vLLM D side:
+        local prefix hits are touched, blocks for the rest allocated with no lookahead; nothing is registered
+        until the KV has arrived, :meth:`register_full_blocks`).
+
+        Returns:
+            (True and the local prefix-hit tokens if the blocks were allocated, else (False, 0); nothing changes
+            on failure).
+        """
+        hits, num_hit = self.get_computed_blocks(request)
+        need = self.blocks_for(num_tokens) - len(hits)
+        evictable = sum(1 for b in hits if b.ref_cnt == 0)
+        if need + evictable > len(self.pool.free_queue):
+            return False, 0
+        if hits:
+            self.pool.touch(hits)
+            request.blocks.extend(hits)
+            request.num_cached_blocks = len(hits)
+        if need > 0:
+            request.blocks.extend(self.pool.get_new_blocks(need))
+        return True, num_hit
 
     def free(self, request: Request, finished: bool = False) -> None:
         """Release all of a request's blocks, last block first (vLLM frees in reverse order).

@@ -40,7 +40,9 @@ def release_request(request: Request, now: float, kv: KVCacheManager,
                     on_hand_off: Callable[[Request], None] | None) -> None:
     """A request reached ``stop_at`` output tokens at ``now`` (seconds): free its KV blocks (cached content stays
     hittable). With all ``max_tokens`` produced it finishes and ``on_done`` reports it; with fewer, its pool hands
-    it on with its computed state (status WAITING) through ``on_hand_off``. The event is recorded either way."""
+    it on with its computed state (status WAITING) through ``on_hand_off``, which runs before the free so that it
+    may keep the blocks (``kv.detach``: prefill/decode disaggregation pins them until the decode side has read
+    them). The event is recorded either way."""
     finished = request.num_output_tokens >= request.max_tokens
     request.status = RequestStatus.FINISHED if finished else RequestStatus.WAITING
     if finished:
@@ -48,11 +50,16 @@ def release_request(request: Request, now: float, kv: KVCacheManager,
     request.num_output_placeholders = 0
     request.inflight_tokens = 0
     request.num_spec_tokens = 0  # draft token ids never leave the instance
-    kv.free(request, finished=True)
     if request.events is not None:
         request.events.append((now, "finished" if finished else "handed_off"))
     callback = on_done if finished else on_hand_off
-    if callback is not None:
+    if finished:
+        kv.free(request, finished=True)
+    elif callback is not None:
+        callback(request)  # before the free: a disaggregated hand-off pins the blocks (kv.detach) for the reader
+    if not finished:
+        kv.free(request, finished=True)
+    elif callback is not None:
         callback(request)
 
 

@@ -56,6 +56,7 @@ class Request:
         "prefix_hit_tokens", "prefix_hit_recorded", "reason", "instance_id", "events",
         "swapped_tokens", "session_id", "num_swaps", "next_decode_eligible_step", "token_ready_at", "pool", "stop_at", "served_by",
         "num_spec_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "spec_draws",
+        "remote",
     )
 
     def __init__(
@@ -140,6 +141,8 @@ class Request:
         self.acceptance_rate: float | None = None
         # draws taken from this request's acceptance stream (lab/core/speculation.py)
         self.spec_draws = 0
+        # prefill/decode disaggregation: the KV another instance computed for it (lab/core/remote_kv.py), or None
+        self.remote = None
 
     @property
     def num_tokens(self) -> int:

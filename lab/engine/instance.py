@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from array import array
+from collections import deque
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Callable
@@ -125,6 +126,16 @@ class Instance:
         self.busy_time = 0.0
         self.transfer_total = 0.0
         self.swap = SwapSpace()
+        # prefill/decode disaggregation, decode side: requests waiting for blocks for their remote KV (arrival
+        # order), the read that starts once they have them (set by the cluster), and reads that completed while a
+        # step was in flight (vLLM learns of finished_recving from a step's output)
+        self.remote_pending: deque[Request] = deque()
+        self.load_remote_kv: Callable[[Request], simpy.Event] | None = None
+        self._loaded: list[Request] = []
+        self.num_remote_loads = 0
+        # prefill side: blocks of finished requests pinned until their decode instance has read them
+        self.num_pinned_blocks = 0
+        self.peak_pinned_blocks = 0
         self.wakeup_event: simpy.Event | None = None
         # exact time (seconds) of the last step boundary: SimPy may wake the loop one ulp before it (window.py)
         self.clock = 0.0
@@ -158,6 +169,9 @@ class Instance:
         resumed = request.status == RequestStatus.PREEMPTED
         request.status = RequestStatus.RUNNING
         self.running.append(request)
+        remote = request.remote
+        if remote is not None and "d_scheduled" not in remote.times and remote.d_instance == self.instance_id:
+            remote.times["d_scheduled"] = self.now
         if not request.prefix_hit_recorded:
             request.prefix_hit_recorded = True
             request.prefix_hit_tokens = num_computed_tokens
@@ -212,6 +226,8 @@ class Instance:
             total += r.total_tokens - r.num_computed_tokens
         for r in self.waiting:
             total += r.total_tokens - r.num_computed_tokens
+        for r in self.remote_pending:
+            total += r.total_tokens
         return total
 
     # ---- arrivals and hand-offs ----
@@ -248,10 +264,65 @@ class Instance:
             self._reject(request, reason)
             return
         request.status = RequestStatus.WAITING
+        remote = request.remote
+        if remote is not None:  # disaggregated: wait for blocks, then read the KV (vLLM WAITING_FOR_REMOTE_KVS)
+            remote.times["d_arrived"] = self.now
+            remote.d_instance = self.instance_id
+            if request.events is not None:
+                request.events.append((self.now, "received", f"remote KV of {remote.num_tokens} tokens on "
+                                                              f"instance {remote.source.instance_id}"))
+            self.remote_pending.append(request)
+            self.wake()
+            return
         if request.events is not None:
             request.events.append((self.now, "received", f"{request.num_computed_tokens} computed tokens "
                                                           f"from pool {source or '-'}"))
         self.waiting.add(request)
+        self.wake()
+
+    def _start_remote_loads(self) -> None:
+        """Allocate blocks for waiting remote KV in arrival order (the first that does not fit waits, P's blocks
+        stay pinned) and start each read; a request whose lease expired on P joins the waiting queue to
+        recompute its prompt here."""
+        pending = self.remote_pending
+        while pending:
+            r = pending[0]
+            remote = r.remote
+            if remote.expired:
+                pending.popleft()
+                remote.times["transfer_start"] = remote.times["transfer_end"] = self.now
+                self.waiting.add(r)
+                continue
+            ok, num_hit = self.kv.allocate_for_remote(r, remote.num_tokens)
+            if not ok:
+                return
+            pending.popleft()
+            remote.num_loaded_tokens = remote.num_tokens - num_hit
+            remote.times["transfer_start"] = self.now
+            self.num_remote_loads += 1
+            self.load_remote_kv(r).callbacks.append(lambda _e, r=r: self._remote_loaded(r))  # type: ignore[misc]
+
+    def _remote_loaded(self, request: Request) -> None:
+        """The read finished; the scheduler learns of it with the next step's output (at once if none runs)."""
+        request.remote.times["transfer_end"] = self.env.now
+        if self.window.steps:
+            self._loaded.append(request)
+        else:
+            self._admit_loaded([request])
+
+    def _admit_loaded(self, requests: list[Request]) -> None:
+        """Loaded requests rejoin the head of the waiting queue with C = num_tokens - 1: the last prompt token is
+        recomputed and D samples its own first token (vLLM ``_update_waiting_for_remote_kv``); their full blocks
+        are registered for prefix caching now that the KV is there."""
+        self._before_arrival()
+        bs = self.kv.block_size
+        for r in reversed(requests):
+            c = r.num_tokens - 1
+            r.num_computed_tokens = c
+            if self.kv.enable_prefix_caching and c // bs > r.num_cached_blocks:
+                self.kv.register_full_blocks(r, c // bs)
+            r.remote.times["d_ready"] = self.now
+            self.waiting.prepend(r)
         self.wake()
 
     def wake(self) -> None:
@@ -289,6 +360,8 @@ class Instance:
     def _reject(self, request: Request, reason: str) -> None:
         if request.swapped_tokens:  # its KV copy in CPU memory is dropped
             self.swap.drop(request)
+        if request.remote is not None:  # the KV pinned on its prefill instance is not needed any more
+            request.remote.release_pinned()
         request.status = RequestStatus.REJECTED
         request.reason = reason
         request.finish_time = None
@@ -314,6 +387,8 @@ class Instance:
             SchedulerContractError: the schedule breaks the scheduler contract (lab/core/sched_api.py).
         """
         self._admitted = 0
+        if self.remote_pending:
+            self._start_remote_loads()
         out = self.scheduler.schedule(self)
         self.num_scheduler_steps += 1
         reqs = out.requests
@@ -440,6 +515,9 @@ class Instance:
         end = step.end
         self.clock = end
         sampled, finished = self.outputs.apply(step, end)
+        if self._loaded:
+            loaded, self._loaded = self._loaded, []
+            self._admit_loaded(loaded)
         if finished:
             self.steady = False
             self.running = [r for r in self.running if r.status is _RUNNING]
@@ -546,7 +624,7 @@ class Instance:
         depth = window.depth
         jump_depth = 1 if self.async_scheduling else 0  # steps in flight when a jump may start
         while True:
-            if self._ff and len(in_flight) == jump_depth and ff.steady_batch(self):
+            if self._ff and len(in_flight) == jump_depth and not self.remote_pending and ff.steady_batch(self):
                 jump = self._plan_jump()
                 if jump is not None:
                     yield from self._jump(*jump)
@@ -561,7 +639,7 @@ class Instance:
                         if sampled:
                             r.token_ready_at = step.end
             if not in_flight:
-                if not self.running and not self.waiting:
+                if not self.running and not self.waiting:  # (remote reads wake the loop when they finish)
                     self.wakeup_event = env.event()
                     yield self.wakeup_event
                     continue

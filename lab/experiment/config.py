@@ -210,6 +210,54 @@ class PoolConfig(_Strict):
     router_options: dict[str, Any] | None = None
 
 
+class PDRoleConfig(_Strict):
+    """The prefill or the decode side of a disaggregated deployment: how many instances, and the experiment
+    sections it changes (merged over the experiment's own, as a pool's are)."""
+
+    count: int = Field(1, ge=1, description="instances of this role")
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    engine: dict[str, Any] = Field(default_factory=dict)
+    policy: dict[str, Any] = Field(default_factory=dict)
+    cost_model: dict[str, Any] = Field(default_factory=dict)
+    router: str | None = Field(None, description="router among this role's instances (default: cluster.router)")
+    router_options: dict[str, Any] | None = None
+
+
+class TransferConfig(_Strict):
+    """The KV transfer from P to D (lab/cluster/transfer.py; docs/disaggregation.md says where defaults come
+    from)."""
+
+    protocol: Literal["pull"] = Field("pull", description="pull: D reads P's pinned blocks (vLLM NIXL)")
+    link: Literal["nvlink", "rdma", "pcie"] = Field("rdma", description="what carries the bytes: NVLink within a "
+                                                    "node, an RDMA NIC per GPU between nodes, or PCIe")
+    bandwidth_gbps: float | None = Field(None, gt=0, description="per-GPU link bandwidth (GB/s); default: the "
+                                         "catalog's NVLink or PCIe figure, 50 GB/s (400 Gb/s) for RDMA")
+    latency_us: float = Field(5.0, ge=0, description="one-way link latency")
+    handshake_ms: float = Field(1.0, ge=0, description="per-request transfer setup and completion notice")
+    per_block_us: float = Field(2.0, ge=0, description="per-block descriptor overhead")
+    handover_ms: float = Field(20.0, ge=0, description="P's output processing and the proxy hop to D")
+    kv_lease_s: float = Field(30.0, gt=0, description="P frees pinned blocks not read by then; D recomputes")
+    transfer_drafter_kv: bool = Field(True, description="send the speculative drafter's KV too (vLLM does for "
+                                      "EAGLE, EAGLE-3 and MTP)")
+
+
+class DeploymentConfig(_Strict):
+    """Colocated (the default: ``cluster`` or ``pools``) or prefill/decode disaggregated."""
+
+    mode: Literal["colocated", "disaggregated"] = "colocated"
+    prefill: PDRoleConfig | None = None
+    decode: PDRoleConfig | None = None
+    transfer: TransferConfig = TransferConfig()
+
+    @model_validator(mode="after")
+    def _roles(self) -> "DeploymentConfig":
+        if self.mode == "disaggregated" and (self.prefill is None or self.decode is None):
+            raise ValueError("mode 'disaggregated' needs both 'prefill' and 'decode'")
+        if self.mode == "colocated" and (self.prefill is not None or self.decode is not None):
+            raise ValueError("'prefill' / 'decode' are for mode 'disaggregated'")
+        return self
+
+
 class ClusterConfig(_Strict):
     """Several identical instances behind a router (one pool; ``pools`` describes several)."""
 
@@ -368,6 +416,7 @@ class Experiment(_Strict):
     policy: PolicyConfig = PolicyConfig()
     cluster: ClusterConfig = ClusterConfig()
     pools: list[PoolConfig] | None = None
+    deployment: DeploymentConfig = DeploymentConfig()
     cost_model: CostModelConfig = CostModelConfig()
     speculative: SpeculativeConfig | None = None
     simulation: SimulationConfig = SimulationConfig()
@@ -397,6 +446,26 @@ class Experiment(_Strict):
         if ep > 1 and self.cost_model.kind != "operator":
             raise ValueError("hardware.expert_parallel_size > 1 needs cost_model.kind 'operator' (the roofline and "
                              "LLMServingSim models know only TP)")
+        return self
+
+    @model_validator(mode="after")
+    def _disaggregated_pools(self) -> "Experiment":
+        """``deployment.mode: disaggregated`` is two pools: ``prefill`` hands every request to ``decode`` after its
+        first token (lab/cluster/cluster.py does the transfer)."""
+        d = self.deployment
+        if d.mode != "disaggregated":
+            return self
+        if self.pools:
+            raise ValueError("deployment.mode 'disaggregated' builds its own pools; remove 'pools'")
+        roles = []
+        for name, role in (("prefill", d.prefill), ("decode", d.decode)):
+            assert role is not None
+            hand_off = HandOffConfig(to="decode", after_output_tokens=1, delay_s=d.transfer.handover_ms * 1e-3) \
+                if name == "prefill" else None
+            roles.append(PoolConfig(name=name, num_instances=role.count, hand_off=hand_off, hardware=role.hardware,
+                                    engine=role.engine, policy=role.policy, cost_model=role.cost_model,
+                                    router=role.router, router_options=role.router_options))
+        self.pools = roles
         return self
 
     @model_validator(mode="after")
@@ -471,7 +540,7 @@ def pool_experiments(exp: Experiment) -> list[tuple[PoolConfig | None, Experimen
     """
     if not exp.pools:
         return [(None, exp)]
-    base = exp.model_dump(exclude={"pools"})
+    base = exp.model_dump(exclude={"pools", "deployment"})
     out: list[tuple[PoolConfig | None, Experiment]] = []
     for i, pool in enumerate(exp.pools):
         data = dict(base)

@@ -12,6 +12,7 @@ from typing import Callable
 import simpy
 
 from lab.cluster.cluster import Cluster, HandOff, Pool
+from lab.cluster.transfer import TransferCost
 from lab.cluster.lockstep import LockStepGroup
 from lab.experiment.config import Experiment, pool_experiments
 from lab.costmodel.base import CostModel
@@ -329,8 +330,11 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         instances += members
         router = make_router(sub.cluster.router, sub.base_dir, sub.cluster.router_options, sub.seed)
         rule = cfg.hand_off if cfg is not None else None
-        built.append(Pool(name, members, router, HandOff(rule.to, rule.after_output_tokens, rule.delay_s)
-                          if rule is not None else None))
+        hand_off = None
+        if rule is not None:
+            transfer, bandwidth = _kv_transfer(exp, sub, dep, pools, rule.to)
+            hand_off = HandOff(rule.to, rule.after_output_tokens, rule.delay_s, transfer, bandwidth)
+        built.append(Pool(name, members, router, hand_off))
     cluster = Cluster(env, built, _RouterView)
     entry = cluster.entry_instances
     nxt = [0.0]
@@ -358,6 +362,38 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     return SimResult(exp, pools[0][2], reqs, instances, itl, float(env.now), time.perf_counter() - t0,
                      pools=[(cfg.name if cfg is not None else "", dep) for cfg, _, dep in pools], groups=groups,
                      cluster=cluster)
+
+
+def _kv_transfer(exp: Experiment, sub: Experiment, dep: Deployment, pools: list, target: str):
+    """(TransferCost, ingress bandwidth in B/s of each target instance) of a disaggregated deployment's hand-off,
+    or (None, 0) for a plain hand-off between pools.
+
+    Bytes per token are the whole model's KV in P's layout (lab/costmodel/model_arch.py ``kv_bytes_per_token`` at
+    TP 1), plus the drafter's layers when ``transfer_drafter_kv`` and the drafter shares the target's blocks
+    (EAGLE, EAGLE-3, MTP). The link: the per-GPU bandwidth of ``transfer.link`` times min(P's TP, D's TP)."""
+    if exp.deployment.mode != "disaggregated":
+        return None, 0.0
+    t = exp.deployment.transfer
+    kv_dtype = resolve_kv_dtype(sub.model.dtype, sub.model.kv_cache_dtype)
+    model = dep.model
+    per_token = model.kv_bytes_per_token(kv_dtype, 1)
+    drafter = 0
+    spec = exp.speculative
+    if spec is not None and t.transfer_drafter_kv and spec.method in ("eagle", "eagle3", "mtp"):
+        layers = model.num_mtp_layers if spec.method == "mtp" else 1
+        drafter = layers * model.kv_bytes_per_token_per_layer(kv_dtype, 1)
+    d_sub, d_dep = next((s_, d_) for c, s_, d_ in pools if c is not None and c.name == target)
+    hw = dep.hardware
+    per_gpu = t.bandwidth_gbps * 1e9 if t.bandwidth_gbps else {
+        "nvlink": hw.link_bandwidth, "pcie": hw.pcie_bandwidth, "rdma": RDMA_NIC_BYTES_PER_S}[t.link]
+    links = min(sub.hardware.tensor_parallel_size, d_sub.hardware.tensor_parallel_size)
+    cost = TransferCost(per_token + drafter, drafter, sub.engine.block_size, t.handshake_ms * 1e-3,
+                        t.per_block_us * 1e-6, t.latency_us * 1e-6, t.kv_lease_s)
+    return cost, per_gpu * links
+
+
+# One 400 Gb/s RDMA NIC per GPU (ConnectX-7, as in DGX H100/H200 nodes): 50 GB/s per direction.
+RDMA_NIC_BYTES_PER_S = 50e9
 
 
 def _build_pool_deployment(cfg, index: int, exp: Experiment) -> Deployment:

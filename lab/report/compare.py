@@ -103,8 +103,11 @@ class Run(BaseModel):
 
 
 def _lookup(data: Any, path: str) -> Any:
-    """The value at a dotted path in nested mappings (an integer part indexes a list); ``_MISSING`` if absent."""
+    """The value at a dotted path in nested mappings (an integer part indexes a list); ``_MISSING`` if absent, None
+    if a section on the way is None (an optional section left off, e.g. ``speculative`` in a baseline run)."""
     for part in path.split("."):
+        if data is None:
+            return None
         if isinstance(data, dict) and part in data:
             data = data[part]
         elif isinstance(data, list) and part.lstrip("-").isdigit() and -len(data) <= int(part) < len(data):
@@ -145,7 +148,10 @@ def _check_curves(p: Path, spec: ComparisonSpec, runs: list[Run]) -> None:
 
 
 def _series_key(v: Any) -> Any:
-    return v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+    """A hashable, comparable key of a series value; None (and the NaN a table turns it into) is None."""
+    if v is None or (isinstance(v, float) and v != v):
+        return None
+    return v if isinstance(v, (int, float, str, bool)) else repr(v)
 
 
 def load_comparison(path: str | Path, data_dir: str | Path | None = None,
@@ -396,10 +402,9 @@ def _sorted_values(values) -> list:
 
 def _curve_points(rows: pd.DataFrame) -> list[tuple[Any, pd.DataFrame]]:
     """(series value, its rows sorted by x) for one group and trace."""
-    rows = rows.assign(_key=[_series_key(v) for v in rows["curve_series"]])
     out = []
-    for key in _sorted_values(rows["_key"].tolist()):
-        sub = rows[rows["_key"].map(lambda k: k == key)].sort_values("curve_x")
+    for key in _sorted_values([_series_key(v) for v in rows["curve_series"]]):
+        sub = rows[rows["curve_series"].map(lambda v: _series_key(v) == key)].sort_values("curve_x")
         out.append((sub["curve_series"].iloc[0], sub))
     return out
 

@@ -79,11 +79,38 @@ def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
             ",".join(map(str, r.served_by)), r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens,
         ))
     df = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
+    if any(r.remote is not None for r in requests):
+        pd_rows = [ttft_decomposition(r) for r in requests]
+        for i, col in enumerate(PD_COLUMNS):
+            df[col] = [row[i] for row in pd_rows]
     df["request_id"] = df["request_id"].astype(str)
     df["reason"] = df["reason"].astype(str)
     df["pool"] = df["pool"].astype(str)
     df["served_by"] = df["served_by"].astype(str)
     return df
+
+
+# Prefill/decode disaggregation: where a request's TTFT goes (seconds; they sum to TTFT), and the bytes it moved.
+PD_COLUMNS = ["p_instance", "d_instance", "pd_p_queue_s", "pd_prefill_s", "pd_handover_s", "pd_kv_wait_s",
+              "pd_transfer_s", "pd_d_queue_s", "pd_first_decode_s", "kv_transfer_bytes", "kv_drafter_bytes",
+              "kv_recomputed"]
+_PD_MARKS = ("arrival", "p_scheduled", "p_done", "d_arrived", "transfer_start", "transfer_end", "d_scheduled")
+
+
+def ttft_decomposition(r: Request) -> tuple:
+    """A disaggregated request's TTFT in parts (seconds), :data:`PD_COLUMNS` order: queue on P, prefill on P,
+    handover (P's output processing and the proxy hop), wait on D for blocks and the next schedule, the KV read,
+    queue on D after the read, and D's first step (recompute of the last prompt token and its first token). Each
+    part is the gap between two successive marks, so they sum to first token - arrival; NaN where a mark was never
+    reached (not handed over, or unfinished)."""
+    nan = float("nan")
+    remote = r.remote
+    if remote is None:
+        return (nan, nan) + (nan,) * 7 + (0.0, 0.0, False)
+    t = remote.times
+    marks = [t.get(k) for k in _PD_MARKS] + [r.first_token_time]
+    parts = [b - a if a is not None and b is not None else nan for a, b in zip(marks, marks[1:])]
+    return (remote.source.instance_id, remote.d_instance, *parts, remote.bytes, remote.drafter_bytes, remote.expired)
 
 
 def speculative_stats(num_drafts: int, num_draft_tokens: int, num_accepted_tokens: int,

@@ -140,6 +140,22 @@ def collect(result: SimResult, steps: pd.DataFrame | None = None) -> tuple[pd.Da
          "cost_model": d.cost_model.name} for name, d in result.pools if name]
     summary["deployment"]["lock_step_groups"] = len(result.groups)
     summary["deployment"]["hand_offs"] = result.cluster.num_hand_offs if result.cluster is not None else 0
+    cl = result.cluster
+    if cl is not None and cl.links:
+        dur = max(summary["duration_s"], 1e-12)
+        pd_rows = req.dropna(subset=["pd_transfer_s"]) if "pd_transfer_s" in req else req.iloc[0:0]
+        summary["disaggregation"] = {
+            "kv_transfer_bytes": cl.bytes_transferred, "kv_drafter_bytes": cl.drafter_bytes_transferred,
+            "num_lease_expiries": cl.num_lease_expiries,
+            "links": [{"name": link.name, "bandwidth_Bps": link.bandwidth, "bytes": link.bytes_sent,
+                       "busy_fraction": link.busy_s / dur, "mean_utilisation": link.bytes_sent / (link.bandwidth * dur),
+                       "peak_concurrent_transfers": link.peak_concurrent} for link in cl.links.values()],
+            "peak_pinned_blocks": {str(i.instance_id): i.peak_pinned_blocks for i in result.instances
+                                   if i.peak_pinned_blocks},
+            "ttft_decomposition_mean_s": {c: float(pd_rows[c].mean()) if len(pd_rows) else None for c in
+                                          ("pd_p_queue_s", "pd_prefill_s", "pd_handover_s", "pd_kv_wait_s",
+                                           "pd_transfer_s", "pd_d_queue_s", "pd_first_decode_s")},
+        }
     spec = exp.speculative
     if spec is not None:
         drafters = [i.acceptance for i in result.instances if i.acceptance is not None]
@@ -248,6 +264,13 @@ def markdown(summary: dict, figures: list[tuple[str, str]]) -> str:
         lines += ["", f"Engine: {eng['num_steps']} steps, mean batch {eng['mean_batch_size']:.1f} requests / "
                       f"{eng['mean_scheduled_tokens']:.0f} tokens, peak KV usage {eng['peak_kv_usage'] * 100:.1f} %, "
                       f"peak running {eng['peak_running']}, peak waiting {eng['peak_waiting']}."]
+    dis = summary.get("disaggregation")
+    if dis:
+        parts = ", ".join(f"{k[3:-2].replace('_', ' ')} {_ms(v)} ms" for k, v in dis["ttft_decomposition_mean_s"].items())
+        util = ", ".join(f"{x['busy_fraction'] * 100:.1f} %" for x in dis["links"])
+        lines += ["", f"Disaggregated: {dis['kv_transfer_bytes'] / 1e9:.2f} GB of KV moved "
+                      f"({dis['kv_drafter_bytes'] / 1e9:.2f} GB drafter), link busy {util}, "
+                      f"{dis['num_lease_expiries']} lease expiries. Mean TTFT by part: {parts}."]
     sp = summary.get("speculative")
     if sp and sp["num_drafts"]:
         pos = ", ".join(f"{p:.3f}" for p in sp["per_position_acceptance"])
