@@ -16,7 +16,7 @@ def test_every_experiment_field_is_documented():
                 "engine": config.EngineConfig, "policy": config.PolicyConfig, "cluster": config.ClusterConfig, "cost_model": config.CostModelConfig,
                 "simulation": config.SimulationConfig, "slo": config.SLOConfig, "validation": config.ValidationConfig,
                 "output": config.OutputConfig, "pools": config.PoolConfig,
-                "speculative": config.SpeculativeConfig}
+                "speculative": config.SpeculativeConfig, "deployment": config.DeploymentConfig}
     missing = []
     for sec, model in sections.items():
         assert f"## {sec}" in DOC, sec
