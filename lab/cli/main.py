@@ -118,6 +118,7 @@ def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, d
     """Run an experiment and compare it with the measured run it names (validation.measured): latency errors,
     per-request error distributions, queue/KV time series and where the simulated time goes."""
     from lab.report.validate import ValidationError, run_validation
+    from lab.workload.loaders import WorkloadError
 
     exp = _load(experiment, data_dir, set_)
     if exp.validation is None:
@@ -128,6 +129,8 @@ def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, d
                                 plots=exp.output.plots and not no_plots)
     except ValidationError as e:
         _fail(str(e))
+    except (WorkloadError, ValueError) as e:  # a bad trace or profile table: one line, as `run` prints it
+        _fail(f"{exp.source}: {e}")
     t = Table(title=f"{exp.name}: simulated vs measured ({report['num_compared']} requests)")
     for c in ("metric", "measured", "simulated", "error %"):
         t.add_column(c, justify="right")

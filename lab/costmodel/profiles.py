@@ -27,13 +27,22 @@ Observation classes and columns (all shapes are per GPU; ``time_s`` in seconds; 
 | ``elementwise`` | op, bytes |
 
 Every table also has ``gpu`` and ``source`` (the file it came from, for provenance).
+
+Every reader checks the columns it uses and their values and raises :class:`ProfileError`, a one-line message
+naming the file, the row and the column and saying what was expected: an empty, header-only, non-UTF-8 or
+malformed file, a missing column, and a missing (NaN), non-numeric, non-integer or out-of-range value (times must be
+finite and > 0, sizes integers >= 1, cached lengths integers >= 0). A CSV row is its line number (the header is
+row 1); a parquet row counts from 1 (the first data row).
 """
 
 from __future__ import annotations
 
 import re
+import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -63,6 +72,132 @@ _DTYPES = {"bfloat16": "bf16", "float16": "bf16", "fp16": "bf16", "bf16": "bf16"
 
 class ProfileError(ValueError):
     """A profile folder or file that cannot be read; the message names the file and what was expected."""
+
+
+# ------------------------------------------------------------------------------------------------ checked reading
+# Column kinds: what a value must be. Numbers are finite; "flag" is True/False.
+_NEED = {"int0": "an integer >= 0", "int1": "an integer >= 1", "pos": "a number > 0", "text": "a non-empty string",
+         "flag": "True or False"}
+_FLAGS = {True: True, False: False, "True": True, "False": False, "true": True, "false": False, "TRUE": True,
+          "FALSE": False}
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _valid(s: pd.Series, kind: str) -> tuple[pd.Series, np.ndarray]:
+    """(converted values, mask of valid ones) of a column of kind ``kind`` (see ``_NEED``)."""
+    if kind == "text":
+        return s, (s.notna() & (s.astype(str).str.strip() != "")).to_numpy()
+    if kind == "flag":
+        v = s.map(lambda x: _FLAGS.get(x) if isinstance(x, (bool, np.bool_, str)) else None)
+        return v, v.notna().to_numpy()
+    a = (np.full(len(s), np.nan) if pd.api.types.is_bool_dtype(s)
+         else pd.to_numeric(s, errors="coerce").to_numpy(dtype=float))
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(a) & ((a > 0) if kind in ("pos", "int1") else (a >= 0))
+        if kind != "pos":
+            ok &= a == np.floor(a)
+    return pd.Series(a, index=s.index), ok
+
+
+def _checked(where: Path, df: pd.DataFrame, spec: dict[str, str], first_row: int = 2) -> pd.DataFrame:
+    """``df`` with the columns of ``spec`` (name -> kind) checked and converted; row ``i`` of the file is
+    ``df.index[i] + first_row``.
+
+    Raises:
+        ProfileError: a missing column, or the first bad value, naming the file, the row and the column.
+    """
+    missing = [c for c in spec if c not in df.columns]
+    if missing:
+        raise ProfileError(f"{where}: missing column(s) {missing}; found {list(df.columns)}")
+    out = df.copy()
+    for col, kind in spec.items():
+        values, ok = _valid(df[col], kind)
+        bad = np.flatnonzero(~ok)
+        if len(bad):
+            i = int(bad[0])
+            v = df[col].iloc[i]
+            raise ProfileError(f"{where}: row {df.index[i] + first_row}: {col} must be {_NEED[kind]}, got "
+                               f"{v.item() if hasattr(v, 'item') else v!r}")
+        out[col] = values.astype(bool) if kind == "flag" else values
+    return out
+
+
+def _blank_rows(df: pd.DataFrame) -> np.ndarray:
+    """Rows whose every cell is empty (blank lines, read with ``keep_default_na=False`` so that a cell written
+    ``nan`` stays a value to reject, not a blank)."""
+    blank = np.ones(len(df), dtype=bool)
+    for c in df.columns:
+        s = df[c]
+        if not (pd.api.types.is_object_dtype(s) or pd.api.types.is_string_dtype(s)):
+            return np.zeros(len(df), dtype=bool)
+        blank &= (s.astype(str).str.strip() == "").to_numpy()
+    return blank
+
+
+def _read_csv(path: Path, spec: dict[str, str]) -> pd.DataFrame:
+    """A measured CSV table with at least one data row, its ``spec`` columns checked (see :func:`_checked`).
+    Blank lines are skipped but counted, so rows keep their line numbers.
+
+    Raises:
+        ProfileError: an empty, header-only, non-UTF-8 or malformed file, a missing column or a bad value.
+    """
+    try:
+        with warnings.catch_warnings():  # a first data row with an extra field: a warning, made an error
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            df = pd.read_csv(path, skip_blank_lines=False, keep_default_na=False, index_col=False, encoding="utf-8")
+    except pd.errors.EmptyDataError:
+        raise ProfileError(f"{path}: the file is empty; expected a header row and one row per measurement") from None
+    except pd.errors.ParserError as e:
+        raise ProfileError(f"{path}: not a well-formed CSV ({_one_line(e)})") from None
+    except pd.errors.ParserWarning:
+        raise ProfileError(f"{path}: not a well-formed CSV (line 2 has more fields than the header)") from None
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); expected a UTF-8 CSV") from None
+    except (OSError, EOFError, zlib.error) as e:
+        raise ProfileError(f"{path}: cannot read the file ({_one_line(e) or type(e).__name__})") from None
+    df = df[~_blank_rows(df)]
+    if df.empty:
+        raise ProfileError(f"{path}: no measurements (only a header row); expected one row per measurement")
+    return _checked(path, df, spec)
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    """A parquet table with at least one row.
+
+    Raises:
+        ProfileError: an unreadable (corrupt, truncated, not parquet) or empty table.
+    """
+    try:
+        df = pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises its own ArrowInvalid / OSError types for corrupt files
+        raise ProfileError(f"{path}: not a readable parquet file ({_one_line(e) or type(e).__name__})") from None
+    if df.empty:
+        raise ProfileError(f"{path}: no measurements (the table has no rows)")
+    return df.reset_index(drop=True)
+
+
+def _read_yaml(path: Path) -> dict:
+    """A YAML mapping (an empty file is ``{}``).
+
+    Raises:
+        ProfileError: not UTF-8, not valid YAML, or not a mapping.
+    """
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        raise ProfileError(f"{path}: {line}not valid YAML ({_one_line(getattr(e, 'problem', None) or e)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: expected a YAML mapping (key: value lines), got {type(data).__name__}")
+    return data
 
 
 @dataclass
@@ -127,23 +262,31 @@ def gpu_name(name: str, where: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ servelab
+# Kinds of the servelab columns that are not integer sizes >= 1 (see ``_NEED``).
+_SERVELAB_KIND = {"dtype": "text", "kv_dtype": "text", "model": "text", "distribution": "text", "backend": "text",
+                  "op": "text", "ctx_len": "int0", "kv_len": "int0", "bytes": "pos"}
+
+
 def read_servelab(folder: Path) -> Observations:
-    """A ``servelab profile`` folder: ``meta.yaml`` plus ``<class>.csv`` files (``time_us``)."""
+    """A ``servelab profile`` folder: ``meta.yaml`` plus ``<class>.csv`` files (``time_us``).
+
+    Raises:
+        ProfileError: a bad meta.yaml (format, gpu) or a bad class table (see the module docstring).
+    """
     meta_path = folder / "meta.yaml"
-    meta = yaml.safe_load(meta_path.read_text()) or {}
+    meta = _read_yaml(meta_path)
     if meta.get("format") != "servelab-profile":
         raise ProfileError(f"{meta_path}: expected 'format: servelab-profile'")
-    gpu = gpu_name(meta.get("gpu", ""), str(meta_path))
+    if not meta.get("gpu"):
+        raise ProfileError(f"{meta_path}: missing key 'gpu' (the GPU the profile was measured on)")
+    gpu = gpu_name(meta["gpu"], str(meta_path))
     obs = Observations()
     for cls in CLASSES:
         p = folder / f"{cls}.csv"
         if not p.is_file():
             continue
-        df = pd.read_csv(p)
-        need = set(COLUMNS[cls]) | {"time_us"}
-        if not need <= set(df.columns):
-            raise ProfileError(f"{p}: missing columns {sorted(need - set(df.columns))}; expected {COLUMNS[cls]} + time_us")
-        df["time_s"] = df["time_us"].astype(float) * 1e-6
+        df = _read_csv(p, {**{c: _SERVELAB_KIND.get(c, "int1") for c in COLUMNS[cls]}, "time_us": "pos"})
+        df["time_s"] = df["time_us"] * 1e-6
         df["gpu"] = gpu
         df["source"] = str(p)
         obs.add(cls, df)
@@ -166,67 +309,98 @@ def write_servelab(obs: Observations, folder: Path, meta: dict) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------------------ AIConfigurator
+_AIC_ATTN = {"kv_cache_dtype": "text", "batch_size": "int1", "num_heads": "int1", "num_key_value_heads": "int1",
+             "head_dim": "int1"}
+_AIC_MLA = {"model": "text", "gemm_type": "text", "kv_cache_dtype": "text", "num_heads": "int1", "batch_size": "int1"}
+# The columns each AIConfigurator table must have, and their kinds (see ``_NEED``), besides device and latency.
+_AIC_SPEC = {
+    "gemm_perf.parquet": {"gemm_dtype": "text", "m": "int1", "n": "int1", "k": "int1"},
+    "context_attention_perf.parquet": {**_AIC_ATTN, "isl": "int1"},
+    "generation_attention_perf.parquet": {**_AIC_ATTN, "step": "int0"},
+    "mla_context_module_perf.parquet": {**_AIC_MLA, "isl": "int1"},
+    "mla_generation_module_perf.parquet": {**_AIC_MLA, "step": "int0"},
+    "moe_perf.parquet": {"moe_dtype": "text", "num_tokens": "int1", "hidden_size": "int1", "inter_size": "int1",
+                         "topk": "int1", "num_experts": "int1", "moe_tp_size": "int1", "moe_ep_size": "int1",
+                         "distribution": "text"},
+    "custom_allreduce_perf.parquet": {"num_gpus": "int1", "message_size": "pos", "backend": "text"},
+}
+
+
+def _aic_table(p: Path) -> pd.DataFrame:
+    """One AIConfigurator table with its columns checked (optional ``step`` / ``window_size`` too, when present).
+
+    Raises:
+        ProfileError: unreadable or empty table, a missing column or a bad value (row counted from 1).
+    """
+    df = _read_parquet(p)
+    spec = {"device": "text", "latency": "pos", **_AIC_SPEC[p.name]}
+    spec.update({c: "int0" for c in ("step", "window_size") if c in df.columns and c not in spec})
+    return _checked(p, df, spec, first_row=1)
+
+
 def read_aiconfigurator_file(p: Path) -> Observations:
-    """One AIConfigurator parquet table (GEMM, attention, MLA module, MoE or custom all-reduce; latency in ms)."""
+    """One AIConfigurator parquet table (GEMM, attention, MLA module, MoE or custom all-reduce; latency in ms);
+    other ``*_perf.parquet`` names are not read.
+
+    Raises:
+        ProfileError: see :func:`_aic_table`, or a device not in the hardware catalog.
+    """
     obs = Observations()
-    df = pd.read_parquet(p)
-    if not df.empty and "device" in df.columns and "latency" in df.columns:
-        gpu = gpu_name(df["device"].iloc[0], str(p))
-        t = df["latency"].astype(float) * 1e-3
-        base = pd.DataFrame({"gpu": gpu, "source": str(p), "time_s": t})
-        op = str(df["op_name"].iloc[0]) if "op_name" in df.columns else ""
-        if p.name == "gemm_perf.parquet":
-            base["dtype"] = df["gemm_dtype"].map(_DTYPES)
-            for c in "mnk":
-                base[c] = df[c].astype(int)
-            obs.add("gemm", base[base["dtype"].notna()])
-        elif p.name in ("context_attention_perf.parquet", "generation_attention_perf.parquet"):
-            keep = (df["window_size"] == 0) if "window_size" in df.columns else slice(None)
-            d = df[keep]
-            b = base[keep].copy()
-            b["kv_dtype"] = d["kv_cache_dtype"].map(_DTYPES)
-            b["batch"] = d["batch_size"].astype(int)
-            b["heads"] = d["num_heads"].astype(int)
-            b["kv_heads"] = d["num_key_value_heads"].astype(int)
-            b["head_dim"] = d["head_dim"].astype(int)
-            if op == "context_attention" or p.name.startswith("context"):
-                b["q_len"] = d["isl"].astype(int)
-                b["ctx_len"] = d["step"].astype(int) if "step" in d.columns else 0
-                obs.add("attn_prefill", b)
-            else:
-                # generation: `step` tokens already cached, one new token each
-                b["kv_len"] = d["step"].astype(int)
-                obs.add("attn_decode", b)
-        elif p.name in ("mla_context_module_perf.parquet", "mla_generation_module_perf.parquet"):
-            d = df
-            b = base.copy()
-            b["model"] = d["model"].astype(str)
-            b["dtype"] = d["gemm_type"].map(_DTYPES)
-            b["kv_dtype"] = d["kv_cache_dtype"].map(_DTYPES)
-            b["heads"] = d["num_heads"].astype(int)
-            b["batch"] = d["batch_size"].astype(int)
-            if p.name.startswith("mla_context"):
-                b["q_len"] = d["isl"].astype(int)
-                obs.add("mla_prefill", b)
-            else:
-                b["kv_len"] = d["step"].astype(int)
-                obs.add("mla_decode", b)
-        elif p.name == "moe_perf.parquet":
-            d = df
-            b = base.copy()
-            b["dtype"] = d["moe_dtype"].map(_DTYPES)
-            for src, dst in (("num_tokens", "tokens"), ("hidden_size", "hidden"), ("inter_size", "inter"),
-                             ("topk", "topk"), ("num_experts", "experts"), ("moe_tp_size", "tp"), ("moe_ep_size", "ep")):
-                b[dst] = d[src].astype(int)
-            b["distribution"] = d["distribution"].astype(str)
-            obs.add("moe", b[b["dtype"].notna()])
-        elif p.name == "custom_allreduce_perf.parquet":
-            d = df
-            b = base.copy()
-            b["gpus"] = d["num_gpus"].astype(int)
-            b["bytes"] = d["message_size"].astype(float) * 2  # elements of bf16
-            b["backend"] = d["backend"].map({"vllm_graph": "graph", "vllm_eager": "eager"}).fillna(d["backend"])
-            obs.add("allreduce", b)
+    if p.name not in _AIC_SPEC:
+        return obs
+    df = _aic_table(p)
+    gpu = gpu_name(df["device"].iloc[0], str(p))
+    base = pd.DataFrame({"gpu": gpu, "source": str(p), "time_s": df["latency"] * 1e-3})
+    op = str(df["op_name"].iloc[0]) if "op_name" in df.columns else ""
+    if p.name == "gemm_perf.parquet":
+        base["dtype"] = df["gemm_dtype"].map(_DTYPES)
+        for c in "mnk":
+            base[c] = df[c].astype(int)
+        obs.add("gemm", base[base["dtype"].notna()])
+    elif p.name in ("context_attention_perf.parquet", "generation_attention_perf.parquet"):
+        keep = (df["window_size"] == 0) if "window_size" in df.columns else slice(None)
+        d = df[keep]
+        b = base[keep].copy()
+        b["kv_dtype"] = d["kv_cache_dtype"].map(_DTYPES)
+        b["batch"] = d["batch_size"].astype(int)
+        b["heads"] = d["num_heads"].astype(int)
+        b["kv_heads"] = d["num_key_value_heads"].astype(int)
+        b["head_dim"] = d["head_dim"].astype(int)
+        if op == "context_attention" or p.name.startswith("context"):
+            b["q_len"] = d["isl"].astype(int)
+            b["ctx_len"] = d["step"].astype(int) if "step" in d.columns else 0
+            obs.add("attn_prefill", b)
+        else:
+            # generation: `step` tokens already cached, one new token each
+            b["kv_len"] = d["step"].astype(int)
+            obs.add("attn_decode", b)
+    elif p.name in ("mla_context_module_perf.parquet", "mla_generation_module_perf.parquet"):
+        b = base.copy()
+        b["model"] = df["model"].astype(str)
+        b["dtype"] = df["gemm_type"].map(_DTYPES)
+        b["kv_dtype"] = df["kv_cache_dtype"].map(_DTYPES)
+        b["heads"] = df["num_heads"].astype(int)
+        b["batch"] = df["batch_size"].astype(int)
+        if p.name.startswith("mla_context"):
+            b["q_len"] = df["isl"].astype(int)
+            obs.add("mla_prefill", b)
+        else:
+            b["kv_len"] = df["step"].astype(int)
+            obs.add("mla_decode", b)
+    elif p.name == "moe_perf.parquet":
+        b = base.copy()
+        b["dtype"] = df["moe_dtype"].map(_DTYPES)
+        for src, dst in (("num_tokens", "tokens"), ("hidden_size", "hidden"), ("inter_size", "inter"),
+                         ("topk", "topk"), ("num_experts", "experts"), ("moe_tp_size", "tp"), ("moe_ep_size", "ep")):
+            b[dst] = df[src].astype(int)
+        b["distribution"] = df["distribution"].astype(str)
+        obs.add("moe", b[b["dtype"].notna()])
+    else:  # custom_allreduce_perf.parquet
+        b = base.copy()
+        b["gpus"] = df["num_gpus"].astype(int)
+        b["bytes"] = df["message_size"].astype(float) * 2  # elements of bf16
+        b["backend"] = df["backend"].map({"vllm_graph": "graph", "vllm_eager": "eager"}).fillna(df["backend"])
+        obs.add("allreduce", b)
     return obs
 
 
@@ -243,16 +417,35 @@ def _vidur_gpu(path: Path) -> str:
 
 
 def _ms(df: pd.DataFrame, op: str) -> pd.Series:
+    """Vidur's median time of ``op`` in seconds (the column is checked by the reader; an empty selection may lack
+    it)."""
     col = f"time_stats.{op}.median"
-    if col not in df.columns:
-        raise ProfileError(f"column {col!r} missing")
-    return df[col].astype(float) * 1e-3
+    return df[col].astype(float) * 1e-3 if col in df.columns else pd.Series(dtype=float, index=df.index)
+
+
+def _vidur_times(path: Path, df: pd.DataFrame, ops: Iterable[str]) -> pd.DataFrame:
+    """``df`` with each op's ``time_stats.<op>.median`` checked: present, a number > 0 (ms).
+
+    Raises:
+        ProfileError: a missing column or the first bad time, naming the file, the row and the column.
+    """
+    return _checked(path, df, {f"time_stats.{op}.median": "pos" for op in ops}) if len(df) else df
+
+
+_VIDUR_MLP = {"n_embd": "int1", "n_head": "int1", "n_kv_head": "int1", "num_tensor_parallel_workers": "int1",
+              "n_expanded_embd": "int1", "use_gated_mlp": "flag", "num_tokens": "int1"}
+_VIDUR_MLP_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj", "input_layernorm",
+                  "post_attention_layernorm", "attn_rope", "mlp_act", "add", "emb")
 
 
 def read_vidur_mlp(path: Path) -> Observations:
-    """Vidur ``mlp.csv``: QKV, O, up (gate+up) and down GEMMs and the elementwise ops of one TP shard."""
-    df = pd.read_csv(path)
+    """Vidur ``mlp.csv``: QKV, O, up (gate+up) and down GEMMs and the elementwise ops of one TP shard.
+
+    Raises:
+        ProfileError: a bad file, column or value (see the module docstring), or no GPU in the path.
+    """
     gpu = _vidur_gpu(path)
+    df = _vidur_times(path, _read_csv(path, _VIDUR_MLP), _VIDUR_MLP_OPS)
     h = df["n_embd"].astype(int)
     H = df["n_head"].astype(int)
     Hkv = df["n_kv_head"].astype(int)
@@ -281,15 +474,26 @@ def read_vidur_mlp(path: Path) -> Observations:
     return obs
 
 
+_VIDUR_ATTN = {"n_embd": "int1", "n_q_head": "int1", "n_kv_head": "int1", "num_tensor_parallel_workers": "int1",
+               "batch_size": "int1", "prefill_chunk_size": "int0", "kv_cache_size": "int0", "is_prefill": "flag"}
+
+
 def read_vidur_attention(path: Path) -> Observations:
-    """Vidur-schema ``attention.csv``: prefill rows (one chunk with its history) and decode rows."""
-    df = pd.read_csv(path)
+    """Vidur-schema ``attention.csv``: prefill rows (one chunk with its history) and decode rows.
+
+    Raises:
+        ProfileError: a bad file, column or value (the prefill time on prefill rows, the decode time on decode
+        rows), or no GPU in the path.
+    """
     gpu = _vidur_gpu(path) if any(p.lower().split("_")[0] in _VIDUR_GPU for p in path.parts) else _lss_gpu(path)
+    df = _read_csv(path, _VIDUR_ATTN)
+    pre = df["is_prefill"]
+    _vidur_times(path, df[pre], ["attn_prefill"])
+    _vidur_times(path, df[~pre], ["attn_decode"])
     tp = df["num_tensor_parallel_workers"].astype(int)
     heads = df["n_q_head"].astype(int) // tp
     kvh = np.maximum(1, df["n_kv_head"].astype(int) // tp)
     d = df["n_embd"].astype(int) // df["n_q_head"].astype(int)
-    pre = df["is_prefill"].astype(bool)
     obs = Observations()
     p = df[pre]
     obs.add("attn_prefill", pd.DataFrame({
@@ -305,24 +509,32 @@ def read_vidur_attention(path: Path) -> Observations:
 
 
 def read_vidur_collective(path: Path) -> Observations:
-    """Vidur ``all_reduce.csv`` / ``send_recv.csv`` (NCCL kernel time, ms; size in bytes); single-node rows only."""
-    df = pd.read_csv(path)
+    """Vidur ``all_reduce.csv`` / ``send_recv.csv`` (NCCL kernel time, ms; size in bytes); single-node rows only
+    (their times are checked; multi-node rows are not read).
+
+    Raises:
+        ProfileError: a bad file, column or value (see the module docstring), or no GPU in the path.
+    """
     gpu = _vidur_gpu(path)
+    obs = Observations()
     if "pairwise" in str(path):
         # h100_pairwise_nvlink is a PCIe H100 system with NVLink bridges between pairs, not an SXM/DGX node
-        obs = Observations()
         obs.notes.append(f"skipped {path}: pairwise-NVLink (PCIe) system, not the catalog's SXM GPU")
         return obs
-    df = df[df["devices_per_node"] >= df["num_workers"]] if "send_recv" not in path.name else df
-    obs = Observations()
     if "all_reduce" in path.name:
+        df = _read_csv(path, {"num_workers": "int1", "devices_per_node": "int1", "size": "pos"})
+        df = _vidur_times(path, df[df["devices_per_node"] >= df["num_workers"]], ["all_reduce"])
         obs.add("allreduce", pd.DataFrame({"gpu": gpu, "source": str(path), "gpus": df["num_workers"].astype(int),
                                            "bytes": df["size"].astype(float), "backend": "nccl",
                                            "time_s": _ms(df, "all_reduce")}))
     else:
-        intra = df[df["devices_per_node"] > 1] if "devices_per_node" in df.columns else df
-        obs.add("sendrecv", pd.DataFrame({"gpu": gpu, "source": str(path), "bytes": intra["size"].astype(float),
-                                          "time_s": _ms(intra, "send_recv")}))
+        df = _read_csv(path, {"size": "pos"})
+        if "devices_per_node" in df.columns:
+            df = _checked(path, df, {"devices_per_node": "int1"})
+            df = df[df["devices_per_node"] > 1]
+        df = _vidur_times(path, df, ["send_recv"])
+        obs.add("sendrecv", pd.DataFrame({"gpu": gpu, "source": str(path), "bytes": df["size"].astype(float),
+                                          "time_s": _ms(df, "send_recv")}))
     return obs
 
 
@@ -355,12 +567,16 @@ def _lss_model(path: Path) -> tuple[ModelArch, int]:
 
 def read_llmservingsim_layers(path: Path) -> Observations:
     """LLMServingSim v1 ``layers.csv`` (ns per layer vs tokens): q/k/v/o, gate/up/down GEMMs, elementwise ops and
-    the prefill attention of one sequence (``attn`` with ``kv_cache`` 0)."""
+    the prefill attention of one sequence (``attn`` with ``kv_cache`` 0).
+
+    Raises:
+        ProfileError: a bad file, column or value (see the module docstring), or no model/TP/GPU in the path.
+    """
     model, tp = _lss_model(path)
     gpu = _lss_gpu(path)
-    df = pd.read_csv(path)
-    if not {"layer_name", "input", "latency(ns)"} <= set(df.columns):
-        raise ProfileError(f"{path}: expected columns layer_name, input, latency(ns)")
+    df = _read_csv(path, {"layer_name": "text", "input": "int1", "latency(ns)": "pos"})
+    if "kv_cache" in df.columns:
+        df = _checked(path, df, {"kv_cache": "int0"})
     h = model.hidden_size
     heads = max(1, model.num_heads // tp)
     kvh = max(1, model.num_kv_heads // tp)
@@ -389,9 +605,14 @@ def read_llmservingsim_layers(path: Path) -> Observations:
 
 
 def read_llmservingsim_bundle(folder: Path) -> Observations:
-    """LLMServingSim profiler bundle ``<model>/<variant>/tp<N>/`` (dense.csv, attention.csv, per_sequence.csv; µs)."""
+    """LLMServingSim profiler bundle ``<model>/<variant>/tp<N>/`` (dense.csv, attention.csv, per_sequence.csv; µs).
+
+    Raises:
+        ProfileError: a bad ``../meta.yaml`` or table (see the module docstring); a model not in the catalog is
+        skipped with a note instead.
+    """
     meta_path = folder.parent / "meta.yaml"
-    meta = yaml.safe_load(meta_path.read_text()) if meta_path.is_file() else {}
+    meta = _read_yaml(meta_path) if meta_path.is_file() else {}
     obs = Observations()
     try:
         model, tp = _lss_model(folder / "dense.csv")
@@ -399,7 +620,7 @@ def read_llmservingsim_bundle(folder: Path) -> Observations:
         obs.notes.append(f"skipped {folder}: {e}")
         return obs
     gpu = gpu_name(meta.get("gpu") or meta.get("hardware") or "", str(meta_path)) if meta else _lss_gpu(folder)
-    dense = pd.read_csv(folder / "dense.csv")
+    dense = _read_csv(folder / "dense.csv", {"layer": "text", "tokens": "int1", "time_us": "pos"})
     h = model.hidden_size
     heads = max(1, model.num_heads // tp)
     kvh = max(1, model.num_kv_heads // tp)
@@ -425,7 +646,7 @@ def read_llmservingsim_bundle(folder: Path) -> Observations:
                                          "time_s": t[e]}))
     ps = folder / "per_sequence.csv"
     if ps.is_file():
-        p = pd.read_csv(ps)
+        p = _read_csv(ps, {"layer": "text", "sequences": "int1", "time_us": "pos"})
         lm = p[p["layer"] == "lm_head"]
         obs.add("gemm", pd.DataFrame({"gpu": gpu, "source": f"{ps}:lm_head", "dtype": "bf16",
                                       "m": lm["sequences"].astype(int), "n": model.vocab_size // tp, "k": h,
@@ -436,7 +657,8 @@ def read_llmservingsim_bundle(folder: Path) -> Observations:
                                              "time_s": sm["time_us"].astype(float) * 1e-6}))
     at = folder / "attention.csv"
     if at.is_file():
-        a = pd.read_csv(at)
+        a = _read_csv(at, {"prefill_chunk": "int0", "kv_prefill": "int0", "n_decode": "int0", "kv_decode": "int0",
+                           "time_us": "pos"})
         pre = a[(a["n_decode"] == 0) & (a["prefill_chunk"] > 0)]
         obs.add("attn_prefill", pd.DataFrame({"gpu": gpu, "source": str(at), "kv_dtype": "bf16", "batch": 1,
                                               "q_len": pre["prefill_chunk"].astype(int),

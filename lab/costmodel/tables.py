@@ -365,5 +365,10 @@ def interpolation_holdout(cls: str, df: pd.DataFrame, test: np.ndarray) -> tuple
 
 def load_tables(paths: list[str | Path]) -> Observations:
     """Read profile folders for the cost model, dropping tables that contradict the roofline
-    (lab/costmodel/families.py ``drop_impossible``)."""
+    (lab/costmodel/families.py ``drop_impossible``).
+
+    Raises:
+        lab.costmodel.profiles.ProfileError: a missing path, a folder without a known profile, or a bad table: one
+        line naming the file, the row and the column (see lab/costmodel/profiles.py).
+    """
     return drop_impossible(read_profiles(paths))

@@ -5,38 +5,65 @@ given (a trace may start later than 0 on purpose).
 Formats (see shared/data/traces/PROVENANCE.md and shared/data/validation/llmservingsim/PROVENANCE.md):
 
 - Azure LLM inference 2023 CSV: ``TIMESTAMP`` (wall clock), ``ContextTokens``, ``GeneratedTokens``.
-- Mooncake JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids`` (512-token prefix blocks).
-- LLMServingSim workload JSONL (optionally .gz): ``input_toks``, ``output_toks``, ``arrival_time_ns``,
-  ``input_tok_ids``, ``output_tok_ids``.
-- Plain CSV: ``arrival_time_s``, ``prompt_tokens``, ``output_tokens`` and optional ``priority``, ``request_id``,
-  ``session_id``.
+- Mooncake JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids`` (one integer per 512-token
+  prompt block: ``ceil(input_length / 512)`` of them).
+- LLMServingSim workload JSONL: ``input_toks``, ``output_toks``, ``arrival_time_ns``, ``input_tok_ids``,
+  ``output_tok_ids`` (one id per token when given).
+- Plain CSV: ``arrival_time_s``, ``prompt_tokens``, ``output_tokens`` and optional ``priority``, ``request_id``
+  (unique), ``session_id``.
+- vLLM bench JSON: an object with the lists ``input_lens``, ``output_lens`` and optional ``request_rate``,
+  ``burstiness``.
 
-Every loader checks its columns and values and raises :class:`WorkloadError` naming the file, the row (the file's
-line number: the CSV header is row 1) and what was expected. A file without requests is an error too.
+Any of them may be gzip-compressed (a ``.gz`` name). Text must be UTF-8.
+
+**Unsorted arrivals are accepted and sorted**: a trace's rows need not be in arrival order. Each loader sorts its
+requests by arrival time with a stable sort (requests arriving at the same time keep their file order); request ids
+that are positions ("0", "1", ..., "bench-0", ...) are positions in the file, not in arrival order.
+
+Every loader checks its columns and values and raises :class:`WorkloadError`, a one-line message naming the file,
+the row (a CSV's line number: the header is row 1) or JSONL line (or, in a JSON file, the key and index), the field
+and what was expected. A file without requests is an error too.
 """
 
 from __future__ import annotations
 
-import math
-
 import gzip
 import json
+import math
+import warnings
+import zlib
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 
 from lab.core.request import Request
 
+MOONCAKE_BLOCK = 512  # tokens per Mooncake hash_ids entry
+
 
 class WorkloadError(ValueError):
     """A trace file is missing, malformed or holds an impossible value."""
 
 
+# ------------------------------------------------------------------------------------------------ reading files
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
 def _need_file(path: Path) -> None:
     if not path.is_file():
         raise WorkloadError(f"{path}: trace file does not exist")
+
+
+def _unreadable(path: Path, e: BaseException) -> WorkloadError:
+    """The error for a file that cannot be decompressed or decoded (``e`` from gzip, zlib or the UTF-8 codec)."""
+    if isinstance(e, UnicodeDecodeError):
+        return WorkloadError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); expected a UTF-8 trace")
+    if path.suffix == ".gz":
+        return WorkloadError(f"{path}: corrupt or truncated gzip file ({_one_line(e) or type(e).__name__})")
+    return WorkloadError(f"{path}: cannot read the file ({_one_line(e) or type(e).__name__})")
 
 
 def _check_columns(path: Path, df: pd.DataFrame, need: Iterable[str]) -> None:
@@ -45,26 +72,144 @@ def _check_columns(path: Path, df: pd.DataFrame, need: Iterable[str]) -> None:
         raise WorkloadError(f"{path}: missing column(s) {missing}; found {list(df.columns)}")
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
-    """Read a CSV trace with at least one data row.
+def _blank_rows(df: pd.DataFrame) -> np.ndarray:
+    """Rows whose every cell is empty (blank lines, read with ``keep_default_na=False`` so that a cell written
+    ``nan`` stays a value to reject, not a blank)."""
+    blank = np.ones(len(df), dtype=bool)
+    for c in df.columns:
+        s = df[c]
+        if not (pd.api.types.is_object_dtype(s) or pd.api.types.is_string_dtype(s)):
+            return np.zeros(len(df), dtype=bool)
+        blank &= (s.astype(str).str.strip() == "").to_numpy()
+    return blank
+
+
+def _read_csv(path: Path, need: Iterable[str] = ()) -> pd.DataFrame:
+    """Read a CSV trace with at least one data row and the columns ``need``. Blank lines are skipped but still
+    counted, so ``df.index + 2`` is each row's line number.
 
     Raises:
-        WorkloadError: an empty file, a row with more fields than the header, or no data rows.
+        WorkloadError: a missing, empty, non-UTF-8 or corrupt (gzip) file, a row with more fields than the
+        header, no data rows, or a missing column.
     """
+    _need_file(path)
     try:
-        df = pd.read_csv(path)
+        with warnings.catch_warnings():  # a first data row with an extra field: a warning, made an error
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            df = pd.read_csv(path, skip_blank_lines=False, keep_default_na=False, index_col=False, encoding="utf-8")
     except pd.errors.EmptyDataError:
         raise WorkloadError(f"{path}: the file is empty; expected a header row and one row per request") from None
     except pd.errors.ParserError as e:
-        raise WorkloadError(f"{path}: not a well-formed CSV ({str(e).strip()})") from None
+        raise WorkloadError(f"{path}: not a well-formed CSV ({_one_line(e)})") from None
+    except pd.errors.ParserWarning:
+        raise WorkloadError(f"{path}: not a well-formed CSV (line 2 has more fields than the header)") from None
+    except (UnicodeDecodeError, OSError, EOFError, zlib.error) as e:
+        raise _unreadable(path, e) from None
+    df = df[~_blank_rows(df)]
     if df.empty:
         raise WorkloadError(f"{path}: no requests (only a header row)")
+    _check_columns(path, df, need)
     return df
 
 
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, decompressed when its name ends in ``.gz``.
+
+    Raises:
+        WorkloadError: missing file, corrupt or truncated gzip.
+    """
+    _need_file(path)
+    try:
+        return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError, zlib.error) as e:
+        raise _unreadable(path, e) from None
+
+
+def _text_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each non-blank line.
+
+    Raises:
+        WorkloadError: missing file, corrupt gzip, or a line that is not UTF-8 (naming the line).
+    """
+    for lineno, raw in enumerate(_read_bytes(path).splitlines(), 1):
+        try:
+            line = raw.decode("utf-8").strip().lstrip("\ufeff")
+        except UnicodeDecodeError as e:
+            raise WorkloadError(f"{path}: line {lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                                f"{e.start + 1}); expected a UTF-8 trace") from None
+        if line:
+            yield lineno, line
+
+
+def _json_kind(v: object) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), "a number")
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of a JSON-lines file.
+
+    Raises:
+        WorkloadError: unreadable file, a line that is not JSON or not a JSON object, or no lines at all.
+    """
+    rows = []
+    for lineno, line in _text_lines(path):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise WorkloadError(f"{path}: line {lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise WorkloadError(f"{path}: line {lineno}: expected a JSON object {{...}} per line, got "
+                                f"{_json_kind(row)} ({_shown(row)})")
+        rows.append((lineno, row))
+    if not rows:
+        raise WorkloadError(f"{path}: the file is empty; expected one JSON object per line, one per request")
+    return rows
+
+
+def _read_json(path: Path) -> object:
+    """A whole JSON document.
+
+    Raises:
+        WorkloadError: unreadable or empty file, not UTF-8, not valid JSON (with its line).
+    """
+    data = _read_bytes(path)
+    try:
+        text = data.decode("utf-8").lstrip("\ufeff")
+    except UnicodeDecodeError as e:
+        lineno = data[:e.start].count(b"\n") + 1
+        raise WorkloadError(f"{path}: line {lineno}: not UTF-8 text (byte 0x{data[e.start]:02x}); expected a UTF-8 "
+                            "trace") from None
+    if not text.strip():
+        raise WorkloadError(f"{path}: the file is empty; expected a JSON object with input_lens and output_lens")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise WorkloadError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None
+
+
+# ------------------------------------------------------------------------------------------------ CSV values
 def _as_written(v):
     """A cell value for an error message: numpy scalars as plain Python numbers."""
     return v.item() if hasattr(v, "item") else v
+
+
+def _numbers(path: Path, df: pd.DataFrame, column: str, need: str, ok) -> np.ndarray:
+    """``column`` as floats, every value passing ``ok(array) -> mask``; booleans are not numbers.
+
+    Raises:
+        WorkloadError: the first offending row (its line number), with its value as written in the file.
+    """
+    col = df[column]
+    arr = (np.full(len(col), np.nan) if pd.api.types.is_bool_dtype(col)
+           else pd.to_numeric(col, errors="coerce").to_numpy(dtype=float))
+    with np.errstate(invalid="ignore"):
+        bad = np.flatnonzero(~(np.isfinite(arr) & ok(arr)))
+    if len(bad):
+        i = int(bad[0])
+        raise WorkloadError(f"{path}: row {df.index[i] + 2}: {column} must be {need}, got "
+                            f"{_as_written(col.iloc[i])!r}")
+    return arr
 
 
 def _int_column(path: Path, df: pd.DataFrame, column: str, minimum: int | None = None) -> np.ndarray:
@@ -73,113 +218,198 @@ def _int_column(path: Path, df: pd.DataFrame, column: str, minimum: int | None =
     Raises:
         WorkloadError: the first offending row, with its value as written in the file.
     """
-    arr = pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=float)
-    ok = np.isfinite(arr) & (arr == np.floor(arr))
-    if minimum is not None:
-        ok &= arr >= minimum
-    bad = np.flatnonzero(~ok)
+    need = "an integer" + (f" >= {minimum}" if minimum is not None else "")
+    low = -np.inf if minimum is None else minimum
+    return _numbers(path, df, column, need, lambda a: (a == np.floor(a)) & (a >= low)).astype(np.int64)
+
+
+def _seconds_column(path: Path, df: pd.DataFrame, column: str) -> np.ndarray:
+    """A column of arrival times: finite numbers >= 0.
+
+    Raises:
+        WorkloadError: the first offending row (NaN, infinite, negative, not a number).
+    """
+    return _numbers(path, df, column, "a number >= 0", lambda a: a >= 0)
+
+
+def _id_column(path: Path, df: pd.DataFrame, column: str) -> np.ndarray:
+    """A column of request ids: none missing, each unique.
+
+    Raises:
+        WorkloadError: the first empty id, or the first id that repeats an earlier row's.
+    """
+    col = df[column]
+    seen: dict[str, int] = {}
+    for i, v in enumerate(col):
+        row = int(df.index[i]) + 2
+        if pd.isna(v) or not str(v).strip():
+            raise WorkloadError(f"{path}: row {row}: {column} is empty; expected a unique id per request")
+        first = seen.setdefault(str(v), row)
+        if first != row:
+            raise WorkloadError(f"{path}: row {row}: {column} {str(v)!r} repeats row {first}'s; ids must be unique")
+    return col.astype(str).to_numpy()
+
+
+# ------------------------------------------------------------------------------------------------ JSON values
+def _shown(v: object) -> str:
+    """A JSON value as written (true, null, NaN), shortened for an error message."""
+    try:
+        s = json.dumps(v)
+    except (TypeError, ValueError):
+        s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _json_int(where: str, key: str, v: object, minimum: int | None = None) -> int:
+    """An integer JSON value (12.0 is accepted, 12.5, "12", true and NaN are not).
+
+    Raises:
+        WorkloadError: ``where: key must be an integer [>= minimum], got ...``.
+    """
+    if not (_is_number(v) and v == int(v) and (minimum is None or v >= minimum)):
+        need = "an integer" + (f" >= {minimum}" if minimum is not None else "")
+        raise WorkloadError(f"{where}: {key} must be {need}, got {_shown(v)}")
+    return int(v)
+
+
+def _json_seconds(where: str, key: str, v: object, scale: float) -> float:
+    """A finite non-negative JSON number, divided by ``scale`` (1000 for ms, 1e9 for ns).
+
+    Raises:
+        WorkloadError: NaN, infinite, negative, a string, a boolean or null.
+    """
+    if not (_is_number(v) and v >= 0):
+        raise WorkloadError(f"{where}: {key} must be a number >= 0 (finite), got {_shown(v)}")
+    return float(v) / scale
+
+
+def _field(path: Path, lineno: int, row: dict, key: str):
+    """``row[key]``.
+
+    Raises:
+        WorkloadError: the key is missing.
+    """
+    if key not in row:
+        raise WorkloadError(f"{path}: line {lineno}: missing key {key!r}; found {sorted(row)}")
+    return row[key]
+
+
+def _int_list(where: str, key: str, v: object, count: int, count_of: str) -> list[int]:
+    """A JSON list of ``count`` integers (``count_of`` says where the count comes from: "input_toks is 4").
+
+    Raises:
+        WorkloadError: not a list, an entry that is not an integer, or the wrong length.
+    """
+    if not isinstance(v, list):
+        raise WorkloadError(f"{where}: {key} must be a list of integers, got {_json_kind(v)} ({_shown(v)})")
+    for j, x in enumerate(v):
+        if not (isinstance(x, int) and not isinstance(x, bool)):
+            raise WorkloadError(f"{where}: {key}[{j}] must be an integer, got {_shown(x)}")
+    if len(v) != count:
+        raise WorkloadError(f"{where}: {key} has {len(v)} ids but {count_of}")
+    return v
+
+
+# ------------------------------------------------------------------------------------------------ loaders
+def load_azure(path: str | Path) -> list[Request]:
+    """Azure LLM inference trace 2023 (Patel et al., Splitwise, ISCA'24; CC-BY-4.0). Rows need not be in time
+    order (sorted, stable); request ids are the data rows' positions ("0" = the first).
+
+    Raises:
+        WorkloadError: a bad file, column or value (see the module docstring).
+    """
+    path = Path(path)
+    df = _read_csv(path, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
+    ts = pd.to_datetime(df["TIMESTAMP"], format="mixed", errors="coerce")
+    bad = np.flatnonzero(ts.isna().to_numpy())
     if len(bad):
         i = int(bad[0])
-        need = "an integer" + (f" >= {minimum}" if minimum is not None else "")
-        raise WorkloadError(f"{path}: row {i + 2}: {column} must be {need}, got {_as_written(df[column].iloc[i])!r}")
-    return arr.astype(np.int64)
-
-
-def _check_lengths(path: Path, prompt: np.ndarray, output: np.ndarray, first_row: int = 1) -> None:
-    for name, arr in (("prompt", prompt), ("output", output)):
-        bad = np.flatnonzero(~((arr >= 1) & (arr == np.floor(arr))))
-        if len(bad):
-            i = int(bad[0])
-            raise WorkloadError(f"{path}: row {i + first_row}: {name} tokens must be an integer >= 1, got {arr[i]}")
-
-
-def load_azure(path: str | Path) -> list[Request]:
-    """Azure LLM inference trace 2023 (Patel et al., Splitwise, ISCA'24; CC-BY-4.0)."""
-    path = Path(path)
-    _need_file(path)
-    df = _read_csv(path)
-    _check_columns(path, df, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
-    try:
-        ts = pd.to_datetime(df["TIMESTAMP"], format="mixed")
-    except (ValueError, TypeError) as e:
-        raise WorkloadError(f"{path}: column TIMESTAMP: expected date-times like 2023-11-16 18:15:46.6805900 ({e})") from None
+        raise WorkloadError(f"{path}: row {df.index[i] + 2}: TIMESTAMP must be a date-time like "
+                            f"2023-11-16 18:15:46.6805900, got {_as_written(df['TIMESTAMP'].iloc[i])!r}")
     t = (ts - ts.min()).dt.total_seconds().to_numpy()
-    prompt = pd.to_numeric(df["ContextTokens"], errors="coerce").to_numpy()
-    output = pd.to_numeric(df["GeneratedTokens"], errors="coerce").to_numpy()
-    _check_lengths(path, prompt, output, first_row=2)
+    prompt = _int_column(path, df, "ContextTokens", 1)
+    output = _int_column(path, df, "GeneratedTokens", 1)
     order = np.argsort(t, kind="stable")
     return [Request(int(k), float(t[i]), int(prompt[i]), int(output[i]), request_id=str(i))
             for k, i in enumerate(order)]
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    _need_file(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    rows = []
-    with opener(path, "rt") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise WorkloadError(f"{path}: line {lineno}: not valid JSON ({e.msg})") from None
-    return rows
+def _mooncake_row(path: Path, lineno: int, r: dict) -> tuple[float, int, int, list[int] | None]:
+    """(seconds, prompt, output, hash_ids) of one Mooncake line.
 
-
-def _field(path: Path, lineno: int, row: dict, key: str, kind: type = int):
-    if key not in row:
-        raise WorkloadError(f"{path}: line {lineno}: missing key {key!r}")
-    v = row[key]
-    if kind is int and (not isinstance(v, (int, float)) or v != int(v)):
-        raise WorkloadError(f"{path}: line {lineno}: {key} must be an integer, got {v!r}")
-    return v
+    Raises:
+        WorkloadError: a missing key or a bad value, naming the line and the key.
+    """
+    where = f"{path}: line {lineno}"
+    ts = _json_seconds(where, "timestamp", _field(path, lineno, r, "timestamp"), 1000.0)
+    p = _json_int(where, "input_length", _field(path, lineno, r, "input_length"), 1)
+    o = _json_int(where, "output_length", _field(path, lineno, r, "output_length"), 1)
+    h = r.get("hash_ids")
+    if h is not None:
+        blocks = -(-p // MOONCAKE_BLOCK)
+        h = _int_list(where, "hash_ids", h, blocks,
+                      f"input_length {p} needs {blocks} (one per {MOONCAKE_BLOCK}-token block)")
+    return ts, p, o, h
 
 
 def load_mooncake(path: str | Path, jitter_s: float = 0.0, seed: int = 0) -> list[Request]:
     """Mooncake FAST'25 trace JSONL (Qin et al.; Apache-2.0). ``hash_ids`` name 512-token prompt blocks.
 
     The conversation trace's timestamps are quantised to ~3 s buckets; ``jitter_s`` > 0 spreads each request
-    uniformly over ``[t, t + jitter_s)`` (seeded) before sorting.
+    uniformly over ``[t, t + jitter_s)`` (seeded) before sorting. Lines need not be in time order (sorted, stable);
+    request ids are the requests' positions in the file ("0" = the first).
+
+    Raises:
+        WorkloadError: a bad file, line or value (see the module docstring).
     """
     path = Path(path)
-    rows = _read_jsonl(path)
     rng = np.random.default_rng(seed)
     out = []
-    for lineno, r in enumerate(rows, 1):
-        ts = float(_field(path, lineno, r, "timestamp", float)) / 1000.0
-        p = int(_field(path, lineno, r, "input_length"))
-        o = int(_field(path, lineno, r, "output_length"))
-        if p < 1 or o < 1:
-            raise WorkloadError(f"{path}: line {lineno}: input_length and output_length must be >= 1, got {p}, {o}")
-        h = r.get("hash_ids")
-        if h is not None and not isinstance(h, list):
-            raise WorkloadError(f"{path}: line {lineno}: hash_ids must be a list of integers")
+    for k, (lineno, r) in enumerate(_read_jsonl(path)):
+        ts, p, o, h = _mooncake_row(path, lineno, r)
         if jitter_s > 0:
             ts += float(rng.uniform(0.0, jitter_s))
-        out.append((ts, lineno - 1, p, o, h))
+        out.append((ts, k, p, o, h))
     out.sort(key=lambda x: (x[0], x[1]))
-    t0 = out[0][0] if out else 0.0
-    return [Request(k, ts - t0, p, o, request_id=str(i), hash_ids=h, hash_block_size=512)
+    t0 = out[0][0]
+    return [Request(k, ts - t0, p, o, request_id=str(i), hash_ids=h, hash_block_size=MOONCAKE_BLOCK)
             for k, (ts, i, p, o, h) in enumerate(out)]
 
 
+def _llmservingsim_row(path: Path, lineno: int, r: dict) -> tuple[float, int, int, list | None, list | None]:
+    """(seconds, prompt, output, prompt ids, output ids) of one LLMServingSim line.
+
+    Raises:
+        WorkloadError: a missing key or a bad value, naming the line and the key.
+    """
+    where = f"{path}: line {lineno}"
+    p = _json_int(where, "input_toks", _field(path, lineno, r, "input_toks"), 1)
+    o = _json_int(where, "output_toks", _field(path, lineno, r, "output_toks"), 1)
+    t = _json_seconds(where, "arrival_time_ns", _field(path, lineno, r, "arrival_time_ns"), 1e9)
+    ids, oids = r.get("input_tok_ids"), r.get("output_tok_ids")
+    if ids is not None:
+        ids = _int_list(where, "input_tok_ids", ids, p, f"input_toks is {p}")
+    if oids is not None:
+        oids = _int_list(where, "output_tok_ids", oids, o, f"output_toks is {o}")
+    return t, p, o, ids, oids
+
+
 def load_llmservingsim(path: str | Path) -> list[Request]:
-    """LLMServingSim workload JSONL (casys-kaist/LLMServingSim ``workloads/``; MIT), with token ids."""
+    """LLMServingSim workload JSONL (casys-kaist/LLMServingSim ``workloads/``; MIT), with token ids. Lines need not
+    be in time order (sorted, stable); request ids are ``bench-<position in the file>``.
+
+    Raises:
+        WorkloadError: a bad file, line or value (see the module docstring).
+    """
     path = Path(path)
-    rows = _read_jsonl(path)
     out = []
-    for lineno, r in enumerate(rows, 1):
-        p = int(_field(path, lineno, r, "input_toks"))
-        o = int(_field(path, lineno, r, "output_toks"))
-        t = float(_field(path, lineno, r, "arrival_time_ns", float)) / 1e9
-        if p < 1 or o < 1:
-            raise WorkloadError(f"{path}: line {lineno}: input_toks and output_toks must be >= 1, got {p}, {o}")
-        ids = r.get("input_tok_ids")
-        if ids is not None and len(ids) != p:
-            raise WorkloadError(f"{path}: line {lineno}: input_tok_ids has {len(ids)} ids but input_toks is {p}")
-        out.append((t, lineno - 1, p, o, ids, r.get("output_tok_ids")))
+    for k, (lineno, r) in enumerate(_read_jsonl(path)):
+        t, p, o, ids, oids = _llmservingsim_row(path, lineno, r)
+        out.append((t, k, p, o, ids, oids))
     out.sort(key=lambda x: (x[0], x[1]))
     return [Request(k, t, p, o, request_id=f"bench-{i}", prompt_token_ids=ids, output_token_ids=oids)
             for k, (t, i, p, o, ids, oids) in enumerate(out)]
@@ -187,26 +417,60 @@ def load_llmservingsim(path: str | Path) -> list[Request]:
 
 def load_csv(path: str | Path) -> list[Request]:
     """Plain CSV: ``arrival_time_s, prompt_tokens, output_tokens`` (+ optional ``priority``, ``request_id``,
-    ``session_id`` for session-affinity routing)."""
+    ``session_id`` for session-affinity routing; an empty ``session_id`` means none). Rows need not be in time
+    order (sorted, stable); without ``request_id`` the ids are the data rows' positions ("0" = the first).
+
+    Raises:
+        WorkloadError: a bad file, column or value (see the module docstring), or a repeated ``request_id``.
+    """
     path = Path(path)
-    _need_file(path)
-    df = _read_csv(path)
-    _check_columns(path, df, ["arrival_time_s", "prompt_tokens", "output_tokens"])
-    t = pd.to_numeric(df["arrival_time_s"], errors="coerce").to_numpy(dtype=float)
-    bad = np.flatnonzero(~((t >= 0) & np.isfinite(t)))
-    if len(bad):
-        raise WorkloadError(f"{path}: row {int(bad[0]) + 2}: arrival_time_s must be a number >= 0, "
-                            f"got {_as_written(df['arrival_time_s'].iloc[int(bad[0])])!r}")
+    df = _read_csv(path, ["arrival_time_s", "prompt_tokens", "output_tokens"])
+    t = _seconds_column(path, df, "arrival_time_s")
     prompt = _int_column(path, df, "prompt_tokens", 1)
     output = _int_column(path, df, "output_tokens", 1)
     prio = _int_column(path, df, "priority") if "priority" in df.columns else np.zeros(len(df), dtype=int)
-    ids = df["request_id"].astype(str).to_numpy() if "request_id" in df.columns else None
-    sessions = df["session_id"].astype(str).to_numpy() if "session_id" in df.columns else None
+    ids = _id_column(path, df, "request_id") if "request_id" in df.columns else None
+    sessions = ([None if pd.isna(s) or not str(s).strip() else str(s) for s in df["session_id"]]
+                if "session_id" in df.columns else None)
     order = np.argsort(t, kind="stable")
     return [Request(k, float(t[i]), int(prompt[i]), int(output[i]), priority=int(prio[i]),
                     request_id=str(ids[i]) if ids is not None else str(i),
-                    session_id=str(sessions[i]) if sessions is not None else None)
+                    session_id=sessions[i] if sessions is not None else None)
             for k, i in enumerate(order)]
+
+
+def _bench_lengths(path: Path, d: dict, key: str) -> np.ndarray:
+    """``d[key]``: a non-empty list of integers >= 1.
+
+    Raises:
+        WorkloadError: missing key, not a list, empty ("no requests"), or a bad entry (named ``key[i]``).
+    """
+    if key not in d:
+        raise WorkloadError(f"{path}: missing key {key!r} (save it with --save-result --save-detailed)")
+    v = d[key]
+    if not isinstance(v, list):
+        raise WorkloadError(f"{path}: {key} must be a list of token counts, got {_json_kind(v)} ({_shown(v)})")
+    if not v:
+        raise WorkloadError(f"{path}: no requests ({key} is an empty list)")
+    return np.array([_json_int(str(path), f"{key}[{i}]", x, 1) for i, x in enumerate(v)], dtype=np.int64)
+
+
+def _bench_arrivals(path: Path, d: dict) -> tuple[float, float]:
+    """(request_rate, burstiness); a missing or null rate, or ``"inf"``, is ``inf`` (all at once).
+
+    Raises:
+        WorkloadError: a rate that is not a number > 0 or "inf", a burstiness that is not a number > 0.
+    """
+    rate, burst = d.get("request_rate"), d.get("burstiness")
+    if rate is None or rate in ("inf", "Infinity") or rate == math.inf:
+        rate = math.inf
+    elif not (_is_number(rate) and rate > 0):
+        raise WorkloadError(f"{path}: request_rate must be a number > 0 (req/s) or \"inf\", got {_shown(rate)}")
+    if burst is None:
+        burst = 1.0
+    elif not (_is_number(burst) and burst > 0):
+        raise WorkloadError(f"{path}: burstiness must be a number > 0 (Gamma shape), got {_shown(burst)}")
+    return float(rate), float(burst)
 
 
 def load_vllm_bench(path: str | Path, seed: int = 0) -> list[Request]:
@@ -215,24 +479,21 @@ def load_vllm_bench(path: str | Path, seed: int = 0) -> list[Request]:
     Poisson), drawn with ``seed``. vLLM's own draw order is not reproduced, so arrivals match the benchmark in
     distribution, not request by request; pass ``workload.arrival_times`` for an exact replay. Request ids are the
     indices in the file ("0", "1", ...), which is how ``validation.format: vllm_bench`` matches them.
+
+    Raises:
+        WorkloadError: a bad file or value, naming the key (``input_lens[3]``); empty lists are "no requests".
     """
     path = Path(path)
-    _need_file(path)
-    try:
-        d = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise WorkloadError(f"{path}: not valid JSON ({e.msg})") from None
-    for k in ("input_lens", "output_lens"):
-        if k not in d:
-            raise WorkloadError(f"{path}: missing key {k!r} (save it with --save-result --save-detailed)")
-    prompt = np.asarray(d["input_lens"], dtype=float)
-    output = np.asarray(d["output_lens"], dtype=float)
+    d = _read_json(path)
+    if not isinstance(d, dict):
+        raise WorkloadError(f"{path}: expected a JSON object with input_lens and output_lens, got "
+                            f"{_json_kind(d)} ({_shown(d)})")
+    prompt = _bench_lengths(path, d, "input_lens")
+    output = _bench_lengths(path, d, "output_lens")
     if len(prompt) != len(output):
         raise WorkloadError(f"{path}: input_lens has {len(prompt)} entries but output_lens has {len(output)}")
-    _check_lengths(path, prompt, output, first_row=0)
+    rate, burst = _bench_arrivals(path, d)
     n = len(prompt)
-    rate = float(d.get("request_rate", float("inf")) or float("inf"))
-    burst = float(d.get("burstiness", 1.0) or 1.0)
     if np.isinf(rate):
         t = np.zeros(n)
     else:
@@ -245,7 +506,7 @@ def load_vllm_bench(path: str | Path, seed: int = 0) -> list[Request]:
 
 def check_requests(path: str | Path, requests: list[Request]) -> None:
     """What every trace must satisfy, whatever its format: each arrival time a finite number of seconds >= 0 and
-    each request id unique.
+    each request id unique. (The loaders already check both row by row; this is the last word for any source.)
 
     Raises:
         WorkloadError: the first offending request, named by its position in the trace and its id.
@@ -261,22 +522,27 @@ def check_requests(path: str | Path, requests: list[Request]) -> None:
             raise WorkloadError(f"{path}: request {i}: id {r.request_id!r} repeats request {j}'s; ids must be unique")
 
 
+def _trace_position(r: Request) -> int:
+    tail = r.request_id.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else r.index
+
+
 def override_arrivals(requests: list[Request], path: str | Path, column: str) -> list[Request]:
     """Replace each request's arrival time by ``column`` of a CSV with one row per request in trace order
     (e.g. the measured ``arrival_rel_s`` of an LLMServingSim run), then re-sort.
 
     Raises:
-        WorkloadError: missing file/column or a row count that differs from the trace.
+        WorkloadError: missing or malformed file, missing column, a time that is not a finite number >= 0 (naming
+        the row), or a row count that differs from the trace.
     """
     path = Path(path)
-    _need_file(path)
-    df = pd.read_csv(path)
-    _check_columns(path, df, [column])
-    by_trace_order = sorted(requests, key=lambda r: int(r.request_id.rsplit("-", 1)[-1]) if r.request_id.rsplit("-", 1)[-1].isdigit() else r.index)
+    df = _read_csv(path, [column])
+    t = _seconds_column(path, df, column)
+    by_trace_order = sorted(requests, key=_trace_position)
     if len(df) != len(requests):
         raise WorkloadError(f"{path}: {len(df)} rows but the trace has {len(requests)} requests")
-    for r, t in zip(by_trace_order, df[column].to_numpy(dtype=float)):
-        r.arrival_time = float(t)
+    for r, ti in zip(by_trace_order, t):
+        r.arrival_time = float(ti)
     by_trace_order.sort(key=lambda r: (r.arrival_time, r.index))
     for k, r in enumerate(by_trace_order):
         r.index = k

@@ -30,12 +30,27 @@ class LengthDist:
     min: int = 1
     max: int = 32768
 
+    def check(self) -> None:
+        """Raises:
+            ValueError: a parameter that is not a finite number, ``min`` < 1, ``min`` > ``max`` or ``low`` > ``high``.
+        """
+        for name in ("value", "low", "high", "median", "sigma", "mean", "std", "min", "max"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not np.isfinite(v):
+                raise ValueError(f"length distribution {self.kind}: {name} must be a finite number, got {v!r}")
+        if self.min < 1 or self.min > self.max:
+            raise ValueError(f"length distribution {self.kind}: need 1 <= min <= max, got min {self.min}, "
+                             f"max {self.max}")
+        if self.kind == "uniform" and self.low > self.high:
+            raise ValueError(f"length distribution uniform: low {self.low} > high {self.high}")
+
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """Draw ``n`` lengths.
 
         Raises:
-            ValueError: unknown kind.
+            ValueError: unknown kind or a bad parameter (see :meth:`check`).
         """
+        self.check()
         k = self.kind
         if k == "constant":
             x = np.full(n, self.value)
@@ -53,6 +68,23 @@ class LengthDist:
         return np.clip(np.floor(x), max(1, self.min), self.max).astype(np.int64)
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _check_args(num_requests, rate, cv, num_priorities) -> None:
+    """Raises:
+        ValueError: the first bad generator argument (see :func:`generate`).
+    """
+    if not _is_int(num_requests) or num_requests < 1:
+        raise ValueError(f"num_requests must be an integer >= 1, got {num_requests!r}")
+    for name, v, unit in (("rate", rate, " requests/s"), ("cv", cv, "")):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not (np.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a finite number > 0{unit}, got {v!r}")
+    if not _is_int(num_priorities) or num_priorities < 1:
+        raise ValueError(f"num_priorities must be an integer >= 1, got {num_priorities!r}")
+
+
 def generate(num_requests: int, rate: float, prompt: LengthDist, output: LengthDist, seed: int = 0,
              cv: float = 1.0, num_priorities: int = 1) -> list[Request]:
     """Generate ``num_requests`` requests arriving at ``rate`` req/s, the first at t = 0.
@@ -66,14 +98,10 @@ def generate(num_requests: int, rate: float, prompt: LengthDist, output: LengthD
         num_priorities: priorities drawn uniformly from 0..num_priorities-1 (1 = all 0).
 
     Raises:
-        ValueError: non-positive count, rate or cv.
+        ValueError: a count that is not an integer >= 1, a rate or cv that is not a finite number > 0, a
+        num_priorities below 1, or a bad length distribution.
     """
-    if num_requests < 1:
-        raise ValueError(f"num_requests must be >= 1, got {num_requests}")
-    if rate <= 0:
-        raise ValueError(f"rate must be > 0 requests/s, got {rate}")
-    if cv <= 0:
-        raise ValueError(f"cv must be > 0, got {cv}")
+    _check_args(num_requests, rate, cv, num_priorities)
     rng = np.random.default_rng(seed)
     if cv == 1.0:
         gaps = rng.exponential(1.0 / rate, num_requests)
