@@ -245,9 +245,18 @@ def _from_hf(name: str, cfg: dict[str, Any], where: str) -> ModelArch:
     def req(key: str, *alts: str) -> Any:
         for k in (key, *alts):
             if cfg.get(k) is not None:
-                return cfg[k]
+                return positive(k, cfg[k])
         raise ValueError(f"{where}: model config lacks required field {key!r}")
 
+    def positive(key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+            raise ValueError(f"{where}: {key} must be a positive integer, got {value!r}")
+        return int(value)
+
+    for key in ("num_key_value_heads", "head_dim", "max_position_embeddings", "num_experts_per_tok",
+                "kv_lora_rank"):
+        if cfg.get(key) is not None and cfg.get(key) != 0:
+            positive(key, cfg[key])
     heads = int(req("num_attention_heads", "n_head"))
     hidden = int(req("hidden_size", "n_embd"))
     num_experts = int(cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 0)

@@ -40,6 +40,14 @@ class LengthSpec(_Strict):
     min: int = Field(1, ge=1)
     max: int = Field(32768, ge=1)
 
+    @model_validator(mode="after")
+    def _ranges(self) -> "LengthSpec":
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        if self.kind == "uniform" and self.low > self.high:
+            raise ValueError(f"uniform: low ({self.low}) must not exceed high ({self.high})")
+        return self
+
 
 class ArrivalOverride(_Strict):
     """Arrival times taken row by row from a CSV column (e.g. a measured run's ``arrival_rel_s``)."""
@@ -142,6 +150,13 @@ class EngineConfig(_Strict):
     cudagraph: bool = Field(True, description="pad steps to CUDA-graph capture sizes (vLLM default)")
     cudagraph_capture_sizes: list[int] | None = Field(None, description="default: vLLM's list up to "
                                                       "min(2 x max_num_seqs, 512)")
+
+    @field_validator("cudagraph_capture_sizes")
+    @classmethod
+    def _positive_sizes(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(x < 1 for x in v):
+            raise ValueError(f"every CUDA-graph capture size must be >= 1 (a token count)")
+        return v
     cpu_overhead: CPUOverheadConfig = CPUOverheadConfig()
     vllm_version: Literal["0.33", "0.19", "0.11"] = Field("0.33", description="behaviour set of this vLLM era")
 
@@ -407,7 +422,7 @@ class Experiment(_Strict):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="random seed (a non-negative integer)")
     data_dir: str | None = None
     workload: WorkloadConfig = WorkloadConfig()
     model: ModelConfig = ModelConfig()

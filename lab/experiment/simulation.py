@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -86,6 +88,21 @@ class SimResult:
     pools: list = field(default_factory=list)  # (pool name, Deployment), configuration order
     groups: list = field(default_factory=list)  # lock-step groups of DP ranks
     cluster: Cluster | None = None
+    spill_dir: str | None = None  # the step log's spill folder (simulation.step_log: spill) until cleanup()
+
+    def cleanup(self) -> None:
+        """Remove the step log's spill folder, once the outputs are written (the step log cannot be read after).
+        ``with simulate(exp) as result:`` calls it at the end of the block. Raises nothing."""
+        for inst in self.instances:
+            inst.steps.close()
+        if self.spill_dir:
+            shutil.rmtree(self.spill_dir, ignore_errors=True)
+
+    def __enter__(self) -> "SimResult":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cleanup()
 
 
 class _RouterView:
@@ -170,6 +187,7 @@ def build_deployment(exp: Experiment) -> Deployment:
         raise ValueError(f"hardware.pipeline_parallel_size: {exp.hardware.pipeline_parallel_size} pipeline stages "
                          f"exceed the model's {model.num_layers} layers ({model.name})")
     tp = exp.hardware.tensor_parallel_size
+    check_model_limits(exp, model)
     e = exp.engine
     ver = VERSION_DEFAULTS[e.vllm_version]
 
@@ -183,7 +201,13 @@ def build_deployment(exp: Experiment) -> Deployment:
     max_model_len = e.max_model_len or model.max_position_embeddings
     default_mbt, default_seqs = batch_defaults(hw)
     mbt = e.max_num_batched_tokens or default_mbt
-    max_num_seqs = e.max_num_seqs or default_seqs
+    max_num_seqs = e.max_num_seqs or min(default_seqs, mbt)  # a defaulted max_num_seqs never exceeds the budget
+    if mbt < max_num_seqs:
+        raise ValueError(f"engine.max_num_batched_tokens ({mbt}) must be >= engine.max_num_seqs ({max_num_seqs}), "
+                         "as vLLM requires (every running request must be able to take one token per step)")
+    if not e.enable_chunked_prefill and e.max_num_batched_tokens is not None and mbt < max_model_len:
+        raise ValueError(f"engine.max_num_batched_tokens ({mbt}) is below max_model_len ({max_model_len}) with "
+                         "enable_chunked_prefill false: vLLM refuses it (no prompt longer than the budget could run)")
     if not e.enable_chunked_prefill and mbt < max_model_len:
         mbt = max_model_len  # vLLM raises the budget to max_model_len when chunking is off
     try:
@@ -246,6 +270,36 @@ def _async_scheduling(exp: Experiment, default: bool) -> bool:
     return default and not lock_step(exp) and not ngram
 
 
+def check_model_limits(exp: Experiment, model: ModelArch) -> None:
+    """Refuse what vLLM or the model would refuse: a TP size that does not divide the attention heads (or the KV
+    heads, which are split or else replicated: TP must then be a multiple of them), a ``max_model_len`` beyond the
+    model's positions, and weights that exceed the GPUs' memory even when ``num_gpu_blocks`` is given.
+
+    Raises:
+        ValueError: naming the field and the model.
+    """
+    tp = exp.hardware.tensor_parallel_size
+    if model.num_heads % tp:
+        raise ValueError(f"hardware.tensor_parallel_size ({tp}) must divide {model.name}'s {model.num_heads} "
+                         "attention heads (vLLM requires it)")
+    kv = model.num_kv_heads
+    if not model.is_mla and (kv % tp if kv >= tp else tp % kv):
+        raise ValueError(f"hardware.tensor_parallel_size ({tp}) and {model.name}'s {kv} KV heads: TP must divide "
+                         "them, or be a multiple of them (KV heads replicated), as vLLM requires")
+    mml = exp.engine.max_model_len
+    if mml is not None and mml > model.max_position_embeddings:
+        raise ValueError(f"engine.max_model_len ({mml}) exceeds {model.name}'s max_position_embeddings "
+                         f"({model.max_position_embeddings}); vLLM refuses it")
+    hw = load_hardware(exp.hardware.gpu)
+    h = exp.hardware
+    weights = model.weight_bytes_per_rank(exp.model.dtype, tp, h.pipeline_parallel_size, h.expert_parallel_size,
+                                          h.data_parallel_size)
+    if weights > hw.memory_bytes:
+        raise ValueError(f"{model.name} does not fit: {weights / 1e9:.1f} GB of weights per GPU on {hw.name} "
+                         f"({hw.memory_bytes / 1e9:.1f} GB); raise hardware.tensor_parallel_size or "
+                         "pipeline_parallel_size")
+
+
 def lock_step(exp: Experiment) -> bool:
     """Whether the experiment's DP ranks step together: ``hardware.data_parallel_lock_step``, by default on when
     attention DP is combined with expert parallelism (vLLM's DP + EP; lab/cluster/lockstep.py)."""
@@ -300,6 +354,10 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     t0 = time.perf_counter()
     pools = [(cfg, sub, _build_pool_deployment(cfg, i, sub)) for i, (cfg, sub) in enumerate(pool_experiments(exp))]
     reqs = requests if requests is not None else build_requests(exp)
+    horizon = exp.simulation.horizon_s
+    if horizon is not None and reqs and horizon < min(r.arrival_time for r in reqs):
+        raise ValueError(f"simulation.horizon_s ({horizon}) is before the first arrival "
+                         f"({min(r.arrival_time for r in reqs):.6g} s): nothing would run")
     spec_setup.assign_request_rates(exp, reqs)
     env = simpy.Environment()
     itl = WeightedSamples()
@@ -318,6 +376,8 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         spill_dir=tempfile.mkdtemp(prefix="servelab_steps_") if sim.step_log == "spill" or (
             sim.step_log == "auto" and big) else None,
         record_breakdown=record_breakdown, horizon=sim.horizon_s)
+    # the spill folder goes with SimResult.cleanup(), when the run fails, else at the latest when the process exits
+    spill = weakref.finalize(env, shutil.rmtree, run.spill_dir, True) if run.spill_dir else None
     instances: list[Instance] = []
     built: list[Pool] = []
     groups: list[LockStepGroup] = []
@@ -357,11 +417,16 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         nxt[0] = float("inf")
 
     env.process(arrivals())
-    _run_env(env, run.horizon)
+    try:
+        _run_env(env, run.horizon)
+    except BaseException:
+        if spill is not None:
+            spill()
+        raise
     _mark_unfinished(reqs, run.horizon)
     return SimResult(exp, pools[0][2], reqs, instances, itl, float(env.now), time.perf_counter() - t0,
                      pools=[(cfg.name if cfg is not None else "", dep) for cfg, _, dep in pools], groups=groups,
-                     cluster=cluster)
+                     cluster=cluster, spill_dir=run.spill_dir)
 
 
 def _kv_transfer(exp: Experiment, sub: Experiment, dep: Deployment, pools: list, target: str):
