@@ -258,3 +258,22 @@ def test_sglang_verifies_drafts_in_its_decode_batches():
     res = simulate(_exp(policy="sglang", speculative={"method": "eagle3", "num_speculative_tokens": 2}))
     assert all(r.num_output_tokens == 64 for r in res.requests)
     assert sum(r.num_drafts for r in res.requests) > 0
+
+
+def test_per_request_acceptance_from_a_trace_column(tmp_path):
+    from lab.workload.loaders import WorkloadError, load_csv
+
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_time_s,prompt_tokens,output_tokens,acceptance_rate\n"
+                    "0.0,64,33,1.0\n0.1,64,33,0.0\n")
+    exp = _exp(workload={"source": "csv", "path": str(path)},
+               speculative={"method": "eagle", "num_speculative_tokens": 2, "acceptance": {"kind": "per_request"}})
+    res = simulate(exp)
+    always, never = res.requests
+    assert (always.acceptance_rate, never.acceptance_rate) == (1.0, 0.0)
+    assert always.num_accepted_tokens == always.num_draft_tokens > 0  # every draft accepted: 3 tokens per step
+    assert never.num_accepted_tokens == 0
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_time_s,prompt_tokens,output_tokens,acceptance_rate\n0.0,64,33,1.5\n")
+    with pytest.raises(WorkloadError, match=r"row 2: acceptance_rate must be a probability in \[0, 1\], got 1.5"):
+        load_csv(bad)

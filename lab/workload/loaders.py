@@ -417,8 +417,10 @@ def load_llmservingsim(path: str | Path) -> list[Request]:
 
 def load_csv(path: str | Path) -> list[Request]:
     """Plain CSV: ``arrival_time_s, prompt_tokens, output_tokens`` (+ optional ``priority``, ``request_id``,
-    ``session_id`` for session-affinity routing; an empty ``session_id`` means none). Rows need not be in time
-    order (sorted, stable); without ``request_id`` the ids are the data rows' positions ("0" = the first).
+    ``session_id`` for session-affinity routing; an empty ``session_id`` means none; ``acceptance_rate``, the
+    request's own speculative-decoding acceptance probability in [0, 1], used by ``speculative.acceptance.kind:
+    per_request``). Rows need not be in time order (sorted, stable); without ``request_id`` the ids are the data
+    rows' positions ("0" = the first).
 
     Raises:
         WorkloadError: a bad file, column or value (see the module docstring), or a repeated ``request_id``.
@@ -432,11 +434,17 @@ def load_csv(path: str | Path) -> list[Request]:
     ids = _id_column(path, df, "request_id") if "request_id" in df.columns else None
     sessions = ([None if pd.isna(s) or not str(s).strip() else str(s) for s in df["session_id"]]
                 if "session_id" in df.columns else None)
+    acceptance = (_numbers(path, df, "acceptance_rate", "a probability in [0, 1]", lambda a: (a >= 0) & (a <= 1))
+                  if "acceptance_rate" in df.columns else None)
     order = np.argsort(t, kind="stable")
-    return [Request(k, float(t[i]), int(prompt[i]), int(output[i]), priority=int(prio[i]),
+    reqs = [Request(k, float(t[i]), int(prompt[i]), int(output[i]), priority=int(prio[i]),
                     request_id=str(ids[i]) if ids is not None else str(i),
                     session_id=sessions[i] if sessions is not None else None)
             for k, i in enumerate(order)]
+    if acceptance is not None:
+        for r, i in zip(reqs, order):
+            r.acceptance_rate = float(acceptance[i])
+    return reqs
 
 
 def _bench_lengths(path: Path, d: dict, key: str) -> np.ndarray:
