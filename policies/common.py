@@ -8,9 +8,10 @@ Victim rules (``policy.preemption.victim``), applied to the running list (admiss
 - ``last``: the last admitted request (vLLM V1 FCFS, vLLM V0, Sarathi-Serve: ``running.pop(-1)``).
 - ``lowest_priority``: the largest ``(priority, arrival_time)`` (vLLM V1 priority policy).
 - ``most_kv``: the request holding the most KV blocks (frees the most memory with one preemption); ties go to
-  the later admitted.
+  the later admitted. Among the requester and those admitted after it (see :func:`pick_victim`).
 - ``least_progress``: the request with the fewest generated tokens, then the longest prompt (least work lost
-  when it recomputes; SGLang's retraction order); ties go to the later admitted.
+  when it recomputes; SGLang's retraction order); ties go to the later admitted. Among the requester and those
+  admitted after it.
 - ``auto``: the policy's own rule (``last`` under FCFS, ``lowest_priority`` under the priority queue for the
   vLLM-style schedulers; SGLang's retraction order for ``sglang``).
 """
@@ -57,14 +58,24 @@ def resolve_victim_rule(engine: EngineView) -> str:
     return rule
 
 
-def pick_victim(running: list[Request], rule: str) -> Request:
+def pick_victim(running: list[Request], rule: str, requester: Request | None = None) -> Request:
     """The running request ``rule`` preempts first (see the module docstring).
+
+    With a ``requester`` (the running request that needs KV), ``most_kv`` and ``least_progress`` choose among the
+    requester and the requests admitted after it only: a request never preempts one ahead of it in the running
+    list. The oldest running request therefore always makes progress, as under vLLM's own ``last`` rule; without
+    this, two requests can keep preempting each other and recomputing, forever (a livelock).
 
     Raises:
         ValueError: an unknown rule, or an empty running list.
     """
     if not running:
         raise ValueError("pick_victim: nothing is running")
+    if requester is not None and rule in ("most_kv", "least_progress"):
+        for i, r in enumerate(running):
+            if r is requester:
+                running = running[i:]
+                break
     if rule == "last":
         return running[-1]
     n = len(running)
@@ -92,7 +103,7 @@ def allocate_or_preempt(engine: EngineView, out: SchedulerOutput, request: Reque
     kv = engine.kv
     refunded = 0
     while not kv.allocate_slots(request, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens):
-        victim = pick_victim(engine.running, rule)
+        victim = pick_victim(engine.running, rule, request)
         refunded += out.remove(victim)
         engine.preempt(victim, reason=f"KV cache full: request {request.request_id} needed slots for "
                                       f"{num_new_tokens} token(s); victim rule {rule}")

@@ -171,6 +171,7 @@ class SGLangScheduler(SchedulerBase):
         running = engine.running
         if not running:
             self.new_token_ratio = self.init_ratio  # idle: back to the initial estimate
+            self.batch_is_full = False  # an empty batch is never full (else a retracted last request is stuck)
         chunked = self.chunked_req
         if chunked is not None and not is_running(chunked):
             self.chunked_req = chunked = None

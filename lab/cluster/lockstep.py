@@ -106,11 +106,8 @@ class LockStepGroup:
         return dt
 
     def _reject_unservable(self) -> None:
-        """Nothing was scheduled on any rank: a rank with running requests is a scheduler bug; a rank whose waiting
-        head cannot be admitted even into its empty cache rejects it (as a single instance does)."""
+        """Nothing was scheduled on any rank: each rank with requests resolves its stall as a single instance does
+        (``Instance.resolve_stall``)."""
         for r in self.ranks:
-            if r.running:
-                raise RuntimeError(f"instance {r.instance_id}: {len(r.running)} running requests but nothing "
-                                   "scheduled")
-            if r.waiting:
-                r.reject_unservable_head()
+            if r.running or r.waiting:
+                r.resolve_stall()

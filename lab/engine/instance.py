@@ -33,6 +33,8 @@ from lab.engine.swap import SwapSpace
 from lab.engine.window import InFlightWindow, delay_until, max_concurrent_batches
 
 _RUNNING = RequestStatus.RUNNING
+# schedules in a row that may only preempt (making room) before the engine calls it a stall
+MAX_STALLED_SCHEDULES = 1000
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,13 @@ class Instance:
         self.remote_pending: deque[Request] = deque()
         self.load_remote_kv: Callable[[Request], simpy.Event] | None = None
         self._loaded: list[Request] = []
+        self._loads_in_flight = 0  # reads under way: their blocks are held, so the cache is not empty
         self.num_remote_loads = 0
+        # progress guards: the last schedule only preempted; schedules in a row that did; steps since a finish
+        self._preempted_only = False
+        self._stalled_schedules = 0
+        self._steps_since_finish = 0
+        self._no_finish_limit = max(1_000_000, 4 * config.max_model_len)
         # prefill side: blocks of finished requests pinned until their decode instance has read them
         self.num_pinned_blocks = 0
         self.peak_pinned_blocks = 0
@@ -300,11 +308,13 @@ class Instance:
             remote.num_loaded_tokens = remote.num_tokens - num_hit
             remote.times["transfer_start"] = self.now
             self.num_remote_loads += 1
+            self._loads_in_flight += 1
             self.load_remote_kv(r).callbacks.append(lambda _e, r=r: self._remote_loaded(r))  # type: ignore[misc]
 
     def _remote_loaded(self, request: Request) -> None:
         """The read finished; the scheduler learns of it with the next step's output (at once if none runs)."""
         request.remote.times["transfer_end"] = self.env.now
+        self._loads_in_flight -= 1
         if self.window.steps:
             self._loaded.append(request)
         else:
@@ -362,6 +372,8 @@ class Instance:
             self.swap.drop(request)
         if request.remote is not None:  # the KV pinned on its prefill instance is not needed any more
             request.remote.release_pinned()
+        if request.blocks:  # e.g. blocks allocated here for a remote KV read
+            self.kv.free(request, finished=True)
         request.status = RequestStatus.REJECTED
         request.reason = reason
         request.finish_time = None
@@ -369,6 +381,26 @@ class Instance:
             request.events.append((self.now, "rejected"))
         if self.on_done:
             self.on_done(request)
+
+    def resolve_stall(self) -> None:
+        """Nothing was scheduled, nothing is in flight, and requests are here. If the schedule only preempted, it
+        made room and may schedule next time (up to :data:`MAX_STALLED_SCHEDULES` in a row); with requests running
+        it is a scheduler bug; else the waiting head cannot be admitted even into an empty cache and is rejected.
+
+        Raises:
+            SchedulerContractError: the stall limit, or nothing scheduled while requests run.
+        """
+        if self._preempted_only:
+            self._stalled_schedules += 1
+            if self._stalled_schedules > MAX_STALLED_SCHEDULES:
+                self._contract_error(f"no progress: {MAX_STALLED_SCHEDULES} schedules in a row preempted requests "
+                                     "and scheduled nothing")
+            return
+        if self.running:
+            self._contract_error(f"nothing scheduled while {len(self.running)} request(s) run and no step is in "
+                                 f"flight ({len(self.waiting)} waiting): the instance would stall")
+        if self.waiting:
+            self.reject_unservable_head()
 
     def reject_unservable_head(self) -> None:
         """Nothing runs and the waiting head cannot be admitted even into an empty cache: it never will be."""
@@ -389,9 +421,15 @@ class Instance:
         self._admitted = 0
         if self.remote_pending:
             self._start_remote_loads()
-        out = self.scheduler.schedule(self)
+        try:
+            out = self.scheduler.schedule(self)
+        except SchedulerContractError:
+            raise
+        except Exception as e:  # a user's policy may raise anything: report it with the policy and the time
+            self._contract_error(f"schedule() raised {type(e).__name__}: {e} (at t = {self.now:.6f} s)")
         self.num_scheduler_steps += 1
         reqs = out.requests
+        self._preempted_only = not reqs and bool(out.preempted)
         if not reqs:
             self.steady = False
             if out.num_new_tokens:
@@ -460,6 +498,12 @@ class Instance:
         held = len(r.blocks) * self.kv.block_size - r.num_computed_tokens
         self._contract_error(f"request {r.request_id} scheduled with {n} tokens but KV blocks for only {held}")
 
+    def _no_progress(self) -> None:
+        """Stop a run that finishes nothing for ``_no_finish_limit`` steps (a livelock), with a diagnosis."""
+        self._contract_error(f"no progress: no request finished in {self._no_finish_limit:,} steps "
+                             f"(at {self.now:.3f} s: {len(self.running)} running, {len(self.waiting)} waiting, "
+                             f"{self.num_preemptions:,} preemptions so far); a preemption livelock?")
+
     def _contract_error(self, rule: str) -> None:
         cls = type(self.scheduler)
         where = getattr(sys.modules.get(cls.__module__), "__file__", None)  # a user policy names its file
@@ -515,6 +559,12 @@ class Instance:
         end = step.end
         self.clock = end
         sampled, finished = self.outputs.apply(step, end)
+        if finished:
+            self._steps_since_finish = 0
+        else:
+            self._steps_since_finish += 1
+            if self._steps_since_finish > self._no_finish_limit:
+                self._no_progress()
         if self._loaded:
             loaded, self._loaded = self._loaded, []
             self._admit_loaded(loaded)
@@ -639,15 +689,13 @@ class Instance:
                         if sampled:
                             r.token_ready_at = step.end
             if not in_flight:
-                if not self.running and not self.waiting:  # (remote reads wake the loop when they finish)
+                if not self.running and (not self.waiting or self._loads_in_flight):  # reads wake it up
                     self.wakeup_event = env.event()
                     yield self.wakeup_event
                     continue
-                if self.running:
-                    raise RuntimeError(f"instance {self.instance_id}: {len(self.running)} running requests "
-                                       "but nothing scheduled")
-                self.reject_unservable_head()
+                self.resolve_stall()
                 continue
+            self._stalled_schedules = 0
             step = in_flight.popleft()
             yield env.timeout(delay_until(env.now, step.end))
             self.finish_step(step)

@@ -202,7 +202,7 @@ def build_deployment(exp: Experiment) -> Deployment:
     default_mbt, default_seqs = batch_defaults(hw)
     mbt = e.max_num_batched_tokens or default_mbt
     max_num_seqs = e.max_num_seqs or min(default_seqs, mbt)  # a defaulted max_num_seqs never exceeds the budget
-    if mbt < max_num_seqs:
+    if mbt < max_num_seqs and budgeted_by_max_num_batched_tokens(exp):
         raise ValueError(f"engine.max_num_batched_tokens ({mbt}) must be >= engine.max_num_seqs ({max_num_seqs}), "
                          "as vLLM requires (every running request must be able to take one token per step)")
     if not e.enable_chunked_prefill and e.max_num_batched_tokens is not None and mbt < max_model_len:
@@ -268,6 +268,14 @@ def _async_scheduling(exp: Experiment, default: bool) -> bool:
         raise ValueError("engine.async_scheduling: vLLM's async scheduling does not support speculative.method "
                          "ngram; leave it unset or false")
     return default and not lock_step(exp) and not ngram
+
+
+def budgeted_by_max_num_batched_tokens(exp: Experiment) -> bool:
+    """Whether the experiment's scheduler caps its steps at ``max_num_batched_tokens`` (vLLM-style policies; SGLang,
+    Orca and static batching budget differently, so vLLM's rules on that budget do not apply to them)."""
+    probe = SchedulerConfig(max_num_batched_tokens=1)
+    return make_scheduler(exp.policy.scheduler, exp.base_dir, exp.policy.options, exp.seed).max_step_tokens(probe) \
+        is not None
 
 
 def check_model_limits(exp: Experiment, model: ModelArch) -> None:
