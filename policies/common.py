@@ -113,24 +113,44 @@ def allocate_or_preempt(engine: EngineView, out: SchedulerOutput, request: Reque
     return True, refunded
 
 
+def next_waiting(engine: EngineView) -> Request | None:
+    """The next request to admit: one whose KV arrived from another instance and holds its blocks first (vLLM 0.33
+    drains ``kv_holding_waiting`` before the waiting queue), else the waiting queue's head; None if neither."""
+    holding = engine.kv_holding
+    if holding:
+        return holding[0]
+    return engine.waiting.peek() if engine.waiting else None
+
+
+def take_waiting(engine: EngineView, request: Request) -> None:
+    """Remove a request about to be admitted from ``kv_holding`` or from the waiting queue."""
+    holding = engine.kv_holding
+    if holding and holding[0] is request:
+        holding.popleft()
+    elif engine.waiting.peek() is request:
+        engine.waiting.pop()
+    else:
+        engine.waiting.remove(request)
+
+
 def admit_whole_prompts(engine: EngineView, out: SchedulerOutput, tokens: int, max_step_tokens: int | None,
                         reserve: Callable[[Request], int]) -> None:
     """Admit waiting requests in queue order, each with its whole uncached prompt in this step and ``reserve(r)``
     extra KV slots (``num_reserved_tokens``) allocated now, while ``max_num_seqs`` allows; stop at the first that does
     not fit the KV cache or would push the step past ``max_step_tokens`` (None = no cap; a step's first request
     always fits). ``tokens``: the step's tokens already scheduled. Orca and static batching admit this way."""
-    waiting = engine.waiting
-    kv = engine.kv
     max_seqs = engine.config.max_num_seqs
-    while waiting and len(engine.running) < max_seqs:
-        r = waiting.peek()
+    while len(engine.running) < max_seqs:
+        r = next_waiting(engine)
+        if r is None:
+            break
         hits, num_hit = lookup(engine, r)
         n = r.num_tokens - num_hit
         if max_step_tokens is not None and tokens and tokens + n > max_step_tokens:
             break
         if not allocate_waiting(engine, r, n, hits, num_hit, num_reserved_tokens=reserve(r)):
             break
-        waiting.pop()
+        take_waiting(engine, r)
         engine.admit(r, num_hit)
         out.add(r, n)
         tokens += n

@@ -32,6 +32,7 @@ class OrcaScheduler(SchedulerBase):
         return None
 
     name = "orca"
+    admits_kv_holding = True  # requests holding remote KV first (policies/common.py next_waiting)
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")

@@ -21,7 +21,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
-from policies.common import allocate_or_preempt, allocate_waiting, is_running, lookup, resolve_victim_rule
+from policies.common import (allocate_or_preempt, allocate_waiting, is_running, lookup, next_waiting,
+                             resolve_victim_rule, take_waiting)
 
 
 class SarathiScheduler(SchedulerBase):
@@ -32,6 +33,7 @@ class SarathiScheduler(SchedulerBase):
         return None
 
     name = "sarathi"
+    admits_kv_holding = True  # requests holding remote KV first (policies/common.py next_waiting)
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -81,17 +83,18 @@ class SarathiScheduler(SchedulerBase):
                 out.add(r, n)
                 budget -= n
         # Pass 3: admit waiting requests (Sarathi admits even in a step that preempted).
-        waiting = engine.waiting
         watermark_blocks = int(self.options.watermark * kv.pool.num_gpu_blocks)
-        while budget > 0 and waiting and len(engine.running) < cfg.max_num_seqs:
-            r = waiting.peek()
+        while budget > 0 and len(engine.running) < cfg.max_num_seqs:
+            r = next_waiting(engine)
+            if r is None:
+                break
             hits, num_hit = lookup(engine, r)
             remaining = r.num_tokens - num_hit
             n = min(remaining, budget)
             if not allocate_waiting(engine, r, n, hits, num_hit, num_reserved_tokens=remaining - n,
                                     reserved_blocks=watermark_blocks):
                 break
-            waiting.pop()
+            take_waiting(engine, r)
             engine.admit(r, num_hit)
             out.add(r, n)
             budget -= n

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from lab.core.queues import FixedOrder, make_queue
 from lab.core.request import Request
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
-from policies.common import allocate_waiting, is_running, lookup, pick_victim, schedule_drafts
+from policies.common import allocate_waiting, is_running, lookup, pick_victim, schedule_drafts, take_waiting
 
 
 class LongestOutputFirstQueue(FixedOrder):
@@ -133,6 +133,7 @@ class SGLangScheduler(SchedulerBase):
 
     name = "sglang"
     supports_speculation = True  # a decode step verifies each request's drafts (EAGLE worker, topk 1)
+    admits_kv_holding = True  # (policies/common.py next_waiting)
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -196,6 +197,7 @@ class SGLangScheduler(SchedulerBase):
     def _candidates(self, engine: EngineView) -> Iterator[Request]:
         """Waiting requests in policy order. The caller looks each one up again right before allocating (an
         admission can evict blocks an earlier lookup found)."""
+        yield from list(engine.kv_holding)  # KV already here (disaggregated decode side) goes first
         waiting = engine.waiting
         policy = self.options.schedule_policy
         if policy in ("lpm", "dfs-weight") and len(waiting) <= self.options.cache_aware_max_waiting:
@@ -217,7 +219,7 @@ class SGLangScheduler(SchedulerBase):
         kv = engine.kv
         waiting = engine.waiting
         out = SchedulerOutput()
-        if self.chunked_req is None and (self.batch_is_full or not waiting):
+        if self.chunked_req is None and (self.batch_is_full or not (waiting or engine.kv_holding)):
             return out
         running_bs = len(decoding)
         if running_bs >= cfg.max_num_seqs and self.chunked_req is None:
@@ -249,7 +251,7 @@ class SGLangScheduler(SchedulerBase):
                 if not truncated:
                     self.chunked_req = None
 
-        if waiting and rem_input > 0 and (rem_chunk is None or rem_chunk > 0):
+        if (waiting or engine.kv_holding) and rem_input > 0 and (rem_chunk is None or rem_chunk > 0):
             for r in self._candidates(engine):
                 if len(engine.running) >= cfg.max_num_seqs:  # the chunked request holds a slot too (SGLang
                     self.batch_is_full = True                    # counts it in PrefillAdder.can_run_list)
@@ -271,10 +273,7 @@ class SGLangScheduler(SchedulerBase):
                 if not allocate_waiting(engine, r, n, hits, num_hit):
                     self.batch_is_full = True
                     break
-                if waiting.peek() is r:
-                    waiting.pop()
-                else:
-                    waiting.remove(r)
+                take_waiting(engine, r)
                 engine.admit(r, num_hit)
                 out.add(r, n)
                 rem_total -= n + (0 if becomes_chunked else reserve)

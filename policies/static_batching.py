@@ -29,6 +29,7 @@ class StaticBatchingScheduler(SchedulerBase):
         return None
 
     name = "static"
+    admits_kv_holding = True  # requests holding remote KV first (policies/common.py next_waiting)
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from lab.core.request import RequestStatus
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerOutput
-from policies.common import allocate_or_preempt, allocate_waiting, lookup, resolve_victim_rule, schedule_drafts
+from policies.common import (allocate_or_preempt, allocate_waiting, lookup, next_waiting, resolve_victim_rule,
+                             schedule_drafts, take_waiting)
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -37,6 +38,7 @@ class VLLMV1Scheduler(SchedulerBase):
     supports_fast_forward = True  # stateless between steps: a steady decode batch stays steady
     supports_pipelining = True  # a request whose step is in flight has n <= 0 (sync) or waits its eligible step
     supports_speculation = True  # a running request computes its drafts with its last sampled token
+    admits_kv_holding = True  # requests whose remote KV arrived are admitted before the waiting queue (0.33)
 
     def schedule(self, engine: EngineView) -> SchedulerOutput:
         cfg = engine.config
@@ -104,14 +106,15 @@ class VLLMV1Scheduler(SchedulerBase):
         cfg = engine.config
         kv = engine.kv
         running = engine.running
-        waiting = engine.waiting
         full_isl = cfg.scheduler_reserve_full_isl
         watermark_blocks = int(cfg.watermark * kv.pool.num_gpu_blocks) if cfg.watermark else 0
         lookahead = cfg.num_lookahead_tokens
-        while budget > 0 and waiting:
+        while budget > 0:
             if len(running) >= cfg.max_num_seqs:
                 break
-            r = waiting.peek()
+            r = next_waiting(engine)
+            if r is None:
+                break
             hits, num_hit = lookup(engine, r)
             n = r.num_tokens - num_hit
             if 0 < threshold < n:
@@ -128,7 +131,7 @@ class VLLMV1Scheduler(SchedulerBase):
             if not allocate_waiting(engine, r, n, hits, num_hit, num_lookahead_tokens=lookahead,
                                     full_sequence_must_fit=full_isl, reserved_blocks=reserve):
                 break
-            waiting.pop()
+            take_waiting(engine, r)
             engine.admit(r, num_hit)
             out.add(r, n)
             budget -= n

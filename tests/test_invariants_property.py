@@ -49,6 +49,10 @@ def experiments(draw):
                                   "victim": draw(st.sampled_from(["auto", "last", "most_kv", "least_progress"]))}},
         "simulation": {"progress": False, "record_events": False},
     }
+    if draw(st.booleans()):  # closed loop: N clients, a think time, a warm-up
+        n = exp["workload"]["num_requests"]
+        exp["workload"].update(concurrency=draw(st.integers(1, 6)), think_time_s=draw(st.sampled_from([0.0, 0.01])),
+                               num_warmup=draw(st.integers(0, max(0, n - 1))) if n > 1 else 0)
     layout = draw(st.sampled_from(["one", "cluster", "pd"]))
     if layout == "cluster":
         exp["cluster"] = {"num_instances": draw(st.integers(2, 3)), "router": draw(st.sampled_from(ROUTERS))}
@@ -73,6 +77,8 @@ def _check(res) -> None:
             assert r.arrival_time <= r.first_scheduled_time <= r.first_token_time <= r.finish_time, r
         elif r.status == RequestStatus.REJECTED:
             assert r.reason, r
+            # the cache holds any one request of these workloads: an "empty cache" rejection is a false one
+            assert "empty KV cache" not in r.reason, (r, r.reason)
         else:
             assert r.reason, r  # unfinished at the horizon, with why
         if r.num_drafts:

@@ -88,12 +88,13 @@ def test_victim_rules_on_a_running_list():
 
 
 def test_an_already_scheduled_victim_is_unscheduled_and_its_tokens_refunded():
-    # most_kv picks a (admitted first, scheduled before b asks for a block): a leaves this step's batch
-    env, inst, cost = make_engine(preemption_victim="most_kv", **CFG)
-    a, b, c = req(0, 11, 10), req(1, 8, 10), req(2, 8, 10)
+    # lowest_priority picks a (priority 5, admitted first, scheduled before b asks for a block): a leaves this
+    # step's batch
+    env, inst, cost = make_engine(preemption_victim="lowest_priority", **CFG)
+    a, b, c = req(0, 11, 10, priority=5), req(1, 8, 10), req(2, 8, 10)
     submit(env, inst, [a, b, c])
     env.run(until=2.5)
-    # step 2: a (3 blocks, has a spare slot) is scheduled; b needs a 3rd block: most KV = a, which is unscheduled
+    # step 2: a (3 blocks, has a spare slot) is scheduled; b needs a 3rd block: the lowest priority is a's
     assert a.num_preemptions == 1 and b.num_preemptions == 0
     assert cost.shapes[1].num_seqs == 2 and inst.steps.cols["num_preempted"][1] == 1
 
@@ -152,3 +153,18 @@ def test_swap_in_an_experiment_uses_the_models_kv_bytes_and_the_gpus_pcie_bandwi
     swapped = sum(int(e[2].split()[1]) for r in res.requests for e in r.events if e[1] == "preempted")
     per_token = 2 * 8 * 128 * 32 / 64e9 * 2  # Llama-3.1-8B bf16 KV bytes per token over H100 PCIe 5.0 (64 GB/s)
     assert summary["engine"]["transfer_s"] == pytest.approx(2 * swapped * per_token)
+
+
+def test_most_kv_never_preempts_a_request_admitted_before_the_requester():
+    # the same trio under most_kv: b may only preempt itself or c (admitted after it), so a, which holds the most
+    # KV, keeps running and the oldest request always progresses (no preemption livelock)
+    env, inst, cost = make_engine(preemption_victim="most_kv", **CFG)
+    a, b, c = req(0, 11, 10), req(1, 8, 10), req(2, 8, 10)
+    submit(env, inst, [a, b, c])
+    env.run(until=2.5)
+    assert a.num_preemptions == 0 and b.num_preemptions + c.num_preemptions >= 1
+    running = [a, b, c]
+    a.blocks, b.blocks, c.blocks = [0] * 9, [0] * 3, [0] * 2
+    assert pick_victim(running, "most_kv") is a
+    assert pick_victim(running, "most_kv", requester=b) is b
+    assert pick_victim(running, "least_progress", requester=c) is c

@@ -93,22 +93,40 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
                   f"{summary['output_token_throughput']:.0f} output tok/s over {summary['duration_s']:.1f} s; "
                   f"{summary['num_preemptions']} preemptions; simulated in "
                   f"{summary['simulation']['wall_time_s']:.2f} s wall")
-    console.print(f"wrote {out_dir}/ (report.md, summary.json, requests.parquet/.csv, steps.parquet, events.parquet, "
-                  "PNG plots)")
+    files = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    console.print(f"wrote {out_dir}/ ({', '.join(files)})", highlight=False)
 
 
 @app.command()
 def run(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, data_dir: Optional[Path] = DATA_OPT,
         set_: Optional[list[str]] = SET_OPT, no_plots: bool = typer.Option(False, "--no-plots"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")) -> None:
-    """Run an experiment and write its report."""
-    from lab.report.run_report import write_report
+    """Run an experiment and write its report (into a temporary folder that replaces the output folder at the end)."""
+    from lab.report.run_report import OutputDirError, write_report
 
     exp = _load(experiment, data_dir, set_)
+    out_dir = _checked_out_dir(exp, out)  # before simulating: --out at a file fails at once
     result = _simulate(exp, not quiet)
-    out_dir = _out_dir(exp, out)
-    summary = write_report(result, out_dir, plots=exp.output.plots and not no_plots)
+    try:
+        summary = write_report(result, out_dir, plots=exp.output.plots and not no_plots)
+    except OutputDirError as e:
+        _fail(str(e))
+    except OSError as e:
+        _fail(f"{out_dir}: cannot write the outputs: {e}")
+    finally:
+        result.cleanup()  # the step log's spill folder
     _print_summary(summary, out_dir)
+
+
+def _checked_out_dir(exp, out: Optional[Path]) -> Path:
+    """The output folder, absolute (``--out .`` is replaced too), checked to be absent, empty or an earlier output
+    folder (else a one-line error, exit 2)."""
+    from lab.report.run_report import OutputDirError, check_out_dir
+
+    try:
+        return check_out_dir(_out_dir(exp, out))
+    except OutputDirError as e:
+        _fail(str(e))
 
 
 @app.command()
@@ -117,20 +135,29 @@ def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, d
              quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
     """Run an experiment and compare it with the measured run it names (validation.measured): latency errors,
     per-request error distributions, queue/KV time series and where the simulated time goes."""
+    from lab.report.run_report import OutputDirError
     from lab.report.validate import ValidationError, run_validation
     from lab.workload.loaders import WorkloadError
 
     exp = _load(experiment, data_dir, set_)
     if exp.validation is None:
         _fail(f"{experiment}: no 'validation' section (validation.measured names the measured requests file)")
-    out_dir = _out_dir(exp, out)
+    out_dir = _checked_out_dir(exp, out)
+    made = []  # the run's result, cleaned up (spill folder) once its outputs are written
+
+    def simulate_fn(e):
+        made.append(_simulate_with_breakdown(e, not quiet))
+        return made[-1]
+
     try:
-        report = run_validation(exp, out_dir, lambda e: _simulate_with_breakdown(e, not quiet),
-                                plots=exp.output.plots and not no_plots)
-    except ValidationError as e:
+        report = run_validation(exp, out_dir, simulate_fn, plots=exp.output.plots and not no_plots)
+    except (ValidationError, OutputDirError) as e:
         _fail(str(e))
     except (WorkloadError, ValueError) as e:  # a bad trace or profile table: one line, as `run` prints it
         _fail(f"{exp.source}: {e}")
+    finally:
+        for r in made:
+            r.cleanup()
     t = Table(title=f"{exp.name}: simulated vs measured ({report['num_compared']} requests)")
     for c in ("metric", "measured", "simulated", "error %"):
         t.add_column(c, justify="right")
@@ -236,13 +263,57 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
 
 
 @app.command()
+def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.md)"), out: Optional[Path] = OUT_OPT,
+           data_dir: Optional[Path] = DATA_OPT, quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+    """Find the highest load within an SLO, or the fewest instances for a load, by bisection over simulations, and
+    rank candidate deployments by the GPUs they need; writes search.md and search.json."""
+    import json
+
+    from lab.core.sched_api import SchedulerContractError
+    from lab.experiment.config import ConfigError
+    from lab.report.search import load_search, run_search, search_markdown
+    from lab.workload.loaders import WorkloadError
+    from policies import PolicyError
+
+    try:
+        search_spec, where = load_search(spec)
+    except ConfigError as e:
+        _fail(str(e))
+
+    def on_probe(name: str, probe) -> None:
+        if not quiet:
+            f = probe.figures
+            err_console.print(f"{name}: {probe.value} -> {'met' if probe.ok else 'missed'} (TTFT "
+                              f"{f['p_ttft'] * 1e3:.0f} ms, TPOT {f['p_tpot'] * 1e3:.1f} ms, attainment "
+                              f"{f['attainment'] * 100:.1f} %)", highlight=False)
+
+    try:
+        results = run_search(search_spec, where, data_dir, on_probe)
+    except (ConfigError, PolicyError, WorkloadError, SchedulerContractError, FileNotFoundError) as e:
+        _fail(str(e))
+    out_dir = out or Path("reports") / search_spec.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = search_markdown(search_spec, results)
+    (out_dir / "search.md").write_text(text)
+    (out_dir / "search.json").write_text(json.dumps(
+        [{"candidate": r.candidate, "value": r.value, "gpus": r.gpus, "error": r.error,
+          "probes": [{"value": p.value, "ok": p.ok, **p.figures} for p in r.probes]} for r in results], indent=1))
+    console.print(text.split("\n\nProbes")[0], highlight=False)
+    console.print(f"{sum(len(r.probes) for r in results)} simulations; wrote {out_dir}/search.md and search.json",
+                  highlight=False)
+
+
+@app.command()
 def compare(spec: Path = typer.Argument(..., help="comparison YAML file"), out: Optional[Path] = OUT_OPT,
             data_dir: Optional[Path] = DATA_OPT,
             jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="worker processes (default: the file's jobs)"),
             group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="run only this group (repeatable)"),
             no_plots: bool = typer.Option(False, "--no-plots"),
+            fresh: bool = typer.Option(False, "--fresh", help="redo every run, also those already complete in the "
+                                                               "output folder with an unchanged configuration"),
             quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
-    """Run several policies on several traces (a comparison file) and write one side-by-side report."""
+    """Run several policies on several traces (a comparison file) and write one side-by-side report. A re-run into
+    the same folder reuses every run whose folder is complete and whose configuration is unchanged (--fresh: none)."""
     from lab.report.compare import load_comparison, run_comparison
     from lab.experiment.config import ConfigError
     from lab.workload.loaders import WorkloadError
@@ -253,23 +324,26 @@ def compare(spec: Path = typer.Argument(..., help="comparison YAML file"), out: 
     except ConfigError as e:
         _fail(str(e))
     out_dir = out or Path("reports") / cmp_spec.name
-    done = [0]
+    done, reused = [0], [0]
 
     def progress(res: dict) -> None:
         done[0] += 1
+        reused[0] += bool(res.get("reused"))
         if not quiet:
             s = res["summary"]
+            how = "reused, configuration unchanged" if res.get("reused") else f"{res['wall_s']:.1f} s wall"
             err_console.print(f"[{done[0]}/{len(runs)}] {res['group']}/{res['trace']}/{res['variant']}: "
                               f"TTFT p99 {(s['ttft']['p99'] or 0) * 1000:.0f} ms, TPOT p99 "
                               f"{(s['tpot']['p99'] or 0) * 1000:.1f} ms, {s['request_throughput']:.2f} req/s "
-                              f"({res['wall_s']:.1f} s wall)", highlight=False)
+                              f"({how})", highlight=False)
 
     try:
         run_comparison(cmp_spec, runs, out_dir, jobs=jobs, plots=False if no_plots else None, progress=progress,
-                       note_base=spec.resolve().parent)
+                       note_base=spec.resolve().parent, fresh=fresh)
     except (PolicyError, WorkloadError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    console.print(f"{len(runs)} runs; wrote {out_dir}/comparison.md, comparison.csv and every run's report")
+    console.print(f"{len(runs)} runs ({reused[0]} runs reused, {len(runs) - reused[0]} simulated); wrote "
+                  f"{out_dir}/comparison.md, comparison.csv and every run's report", highlight=False)
 
 
 @app.command()

@@ -32,7 +32,7 @@ class RemoteKV:
     """The KV of one request on its way from a P instance to a D instance.
 
     Attributes:
-        source: the P instance (an object with ``kv`` and ``instance_id``).
+        source: the P instance (an object with ``kv``, ``instance_id``, ``num_pinned_blocks`` and ``wake()``).
         pinned: its blocks on P, or None once freed.
         num_tokens: prompt tokens whose KV P computed.
         bytes_per_token: KV bytes one token moves (target layers, plus drafter layers when they are sent).
@@ -60,6 +60,7 @@ class RemoteKV:
         src.num_pinned_blocks -= len(pinned.blocks)
         src.kv.free_pinned(pinned)
         self.pinned = None
+        src.wake()  # requests waiting on P for these blocks may fit now
 
     @property
     def bytes(self) -> float:

@@ -56,7 +56,7 @@ class Request:
         "prefix_hit_tokens", "prefix_hit_recorded", "reason", "instance_id", "events",
         "swapped_tokens", "session_id", "num_swaps", "next_decode_eligible_step", "token_ready_at", "pool", "stop_at", "served_by",
         "num_spec_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "spec_draws",
-        "remote",
+        "remote", "warmup",
     )
 
     def __init__(
@@ -143,6 +143,8 @@ class Request:
         self.spec_draws = 0
         # prefill/decode disaggregation: the KV another instance computed for it (lab/core/remote_kv.py), or None
         self.remote = None
+        # a closed-loop warm-up request (lab/workload/closed_loop.py): served, but left out of the metrics
+        self.warmup = False
 
     @property
     def num_tokens(self) -> int:

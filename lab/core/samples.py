@@ -50,6 +50,12 @@ class WeightedSamples:
         if len(self.values) > COMPACT_AT:
             self.compact()
 
+    def clear(self) -> None:
+        """Drop every sample (a closed-loop run's warm-up ends)."""
+        self.values = array("d")
+        self.weights = array("d")
+        self.compacted = False
+
     def compact(self) -> None:
         """Round values to ``RESOLUTION`` and merge equal ones (weights add)."""
         v, w = self.arrays()

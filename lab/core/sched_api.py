@@ -9,6 +9,7 @@ applies the step's results. Schedulers never touch engine internals beyond this 
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -155,7 +156,8 @@ class EngineView(Protocol):
     parallelism under async scheduling) a decode is schedulable again only once that count reaches the request's
     ``next_decode_eligible_step``
     (vLLM's V2 model runner rule, shared/specs/vllm-v1-scheduling.md §4). ``kv`` is the KV cache manager (``get_computed_blocks``, ``allocate_slots``,
-    ``num_free_blocks``, ``block_size``).
+    ``num_free_blocks``, ``block_size``). ``kv_holding`` holds requests whose KV arrived from another instance
+    (prefill/decode disaggregation), for a scheduler that ``admits_kv_holding`` to admit before ``waiting``.
     """
 
     config: SchedulerConfig
@@ -165,6 +167,7 @@ class EngineView(Protocol):
     instance_id: int
     num_scheduler_steps: int
     pipeline_async: bool
+    kv_holding: "deque[Request]"
 
     @property
     def now(self) -> float: ...
@@ -196,6 +199,7 @@ class Scheduler(Protocol):
     supports_fast_forward: bool
     supports_pipelining: bool
     supports_speculation: bool
+    admits_kv_holding: bool
 
     def make_queue(self, config: SchedulerConfig) -> WaitingQueue: ...
 
@@ -221,6 +225,9 @@ class SchedulerBase:
     - ``supports_speculation``: the policy schedules a request's drafts (``Request.num_spec_tokens``) with it —
       1 + k query tokens, in the budget and the KV (``num_lookahead_tokens``) — and reports them in
       ``SchedulerOutput.num_spec_tokens``; speculative decoding is refused with a policy that does not.
+    - ``admits_kv_holding``: the policy admits ``EngineView.kv_holding`` (requests whose KV another instance sent
+      and which hold their blocks) before ``waiting``, as vLLM 0.33 drains ``kv_holding_waiting`` first. Without it
+      the engine puts such requests at the head of ``waiting``.
     - :meth:`make_queue`: the waiting queue the policy wants (default: FCFS or priority by ``config.queue_policy``).
     - :meth:`max_step_tokens`: the most tokens one of its steps may hold (default ``max_num_batched_tokens``;
       None for a policy with a budget of its own, e.g. Orca's whole prompts).
@@ -231,6 +238,7 @@ class SchedulerBase:
     supports_fast_forward = False
     supports_pipelining = False
     supports_speculation = False
+    admits_kv_holding = False
 
     def make_queue(self, config: SchedulerConfig) -> WaitingQueue:
         """The waiting queue of an instance run by this policy."""

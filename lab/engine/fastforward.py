@@ -116,7 +116,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
     # k schedules: no schedule without participants; with requests waiting, stop right after the first completion
     # (the next schedule may admit one).
     k = max(rem)
-    if waiting:
+    if waiting or inst.finish_triggers_arrival:  # a closed-loop client sends its next request at a completion
         k = min(k, min(fin) + 1)
     k = min(k, MAX_JUMP_STEPS)
     if k < 2:

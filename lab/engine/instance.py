@@ -115,6 +115,9 @@ class Instance:
         self.pipeline_async = pp > 1 and self.async_scheduling and depth > 1
         self.running: list[Request] = []
         self.waiting = scheduler.make_queue(config)
+        # requests whose remote KV has arrived, admitted before ``waiting`` (vLLM 0.33 ``kv_holding_waiting``) by
+        # schedulers that declare ``admits_kv_holding``; others get them at the head of ``waiting``
+        self.kv_holding: deque[Request] = deque()
         self._max_step_tokens = scheduler.max_step_tokens(config)
         self.num_scheduler_steps = 0
         self.itl = itl_samples
@@ -154,6 +157,8 @@ class Instance:
         self._plan: ff.Plan | None = None
         self._cont = None
         self.jumping: set | None = None
+        # a completion may cause an arrival at its very time (closed-loop clients): jumps end at the first one
+        self.finish_triggers_arrival = False
         # Expected time of this instance's next arrival (sizes fast-forward plans; correctness never depends on it)
         self.arrival_hint: Callable[[], float] = lambda: float("inf")
         self._last_arrival = 0.0
@@ -236,6 +241,8 @@ class Instance:
             total += r.total_tokens - r.num_computed_tokens
         for r in self.remote_pending:
             total += r.total_tokens
+        for r in self.kv_holding:
+            total += r.total_tokens - r.num_computed_tokens
         return total
 
     # ---- arrivals and hand-offs ----
@@ -293,7 +300,10 @@ class Instance:
         stay pinned) and start each read; a request whose lease expired on P joins the waiting queue to
         recompute its prompt here."""
         pending = self.remote_pending
-        while pending:
+        # a read starts only while running + holding + reading requests stay under max_num_seqs (vLLM counts the
+        # running ones only; counting the parked ones too keeps KV that cannot run from filling the cache)
+        while pending and (len(self.running) + len(self.kv_holding) + self._loads_in_flight
+                           < self.config.max_num_seqs):
             r = pending[0]
             remote = r.remote
             if remote.expired:
@@ -332,8 +342,15 @@ class Instance:
             if self.kv.enable_prefix_caching and c // bs > r.num_cached_blocks:
                 self.kv.register_full_blocks(r, c // bs)
             r.remote.times["d_ready"] = self.now
-            self.waiting.prepend(r)
+            if self.scheduler.admits_kv_holding:
+                self.kv_holding.appendleft(r)
+            else:
+                self.waiting.prepend(r)
         self.wake()
+
+    def disable_fast_forward(self) -> None:
+        """Run this instance step by step (no jumps), whatever its options say."""
+        self._ff = False
 
     def wake(self) -> None:
         """Wake the engine loop if it is idle."""
@@ -396,11 +413,34 @@ class Instance:
                 self._contract_error(f"no progress: {MAX_STALLED_SCHEDULES} schedules in a row preempted requests "
                                      "and scheduled nothing")
             return
-        if self.running:
-            self._contract_error(f"nothing scheduled while {len(self.running)} request(s) run and no step is in "
-                                 f"flight ({len(self.waiting)} waiting): the instance would stall")
+        if self.kv_holding and not self.running:
+            self._drop_held_kv(self.kv_holding.pop())
+            return
+        if self.running or self.kv_holding:
+            self._contract_error(f"nothing scheduled while {len(self.running)} request(s) run, "
+                                 f"{len(self.kv_holding)} hold their KV and no step is in flight "
+                                 f"({len(self.waiting)} waiting): the instance would stall")
         if self.waiting:
+            held = self.kv.pool.num_usable_blocks - self.kv.num_free_blocks
+            if held:  # the cache is not empty: waiting requests hold blocks their scheduler does not admit
+                self._contract_error(f"the waiting head cannot be admitted while waiting requests hold {held} KV "
+                                     "blocks (remote KV that arrived); admit EngineView.kv_holding first and "
+                                     "declare admits_kv_holding")
             self.reject_unservable_head()
+
+    def _drop_held_kv(self, request: Request) -> None:
+        """Nothing runs and no request holding remote KV can be admitted (each needs more blocks than the others
+        leave free): free the newest holder's blocks and let it recompute its prompt here, as a preemption (vLLM
+        recomputes a request whose remote KV it cannot use, ``kv_load_failure_policy = recompute``)."""
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.remote.expired = True
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        if request.events is not None:
+            request.events.append((self.now, "preempted", "remote KV dropped: no holder could be admitted; "
+                                                          "recompute here"))
+        self.waiting.prepend(request)
 
     def reject_unservable_head(self) -> None:
         """Nothing runs and the waiting head cannot be admitted even into an empty cache: it never will be."""
@@ -674,7 +714,8 @@ class Instance:
         depth = window.depth
         jump_depth = 1 if self.async_scheduling else 0  # steps in flight when a jump may start
         while True:
-            if self._ff and len(in_flight) == jump_depth and not self.remote_pending and ff.steady_batch(self):
+            if (self._ff and len(in_flight) == jump_depth and not self.remote_pending and not self.kv_holding
+                    and ff.steady_batch(self)):
                 jump = self._plan_jump()
                 if jump is not None:
                     yield from self._jump(*jump)
@@ -689,7 +730,8 @@ class Instance:
                         if sampled:
                             r.token_ready_at = step.end
             if not in_flight:
-                if not self.running and (not self.waiting or self._loads_in_flight):  # reads wake it up
+                if not self.running and (not (self.waiting or self.kv_holding) or self._loads_in_flight
+                                         or self.num_pinned_blocks):  # reads or freed pins wake it up
                     self.wakeup_event = env.event()
                     yield self.wakeup_event
                     continue

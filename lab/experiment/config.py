@@ -77,11 +77,19 @@ class WorkloadConfig(_Strict):
     time_scale: float = Field(1.0, gt=0, description="multiply arrival times (0.5 = twice the rate)")
     jitter_s: float = Field(0.0, ge=0, description="spread quantised timestamps (mooncake)")
     arrival_times: ArrivalOverride | None = None
+    concurrency: int | None = Field(None, ge=1, description="closed loop: at most this many requests in flight, "
+                                    "the next sent when one completes (vllm bench serve --max-concurrency); with "
+                                    "a synthetic source and no explicit rate, every request is ready at t = 0")
+    think_time_s: float = Field(0.0, ge=0, description="closed loop: seconds between a completion and the next send")
+    num_warmup: int = Field(0, ge=0, description="closed loop: leading requests sent first as a warm-up and left "
+                            "out of the metrics")
 
     @model_validator(mode="after")
     def _path_needed(self) -> "WorkloadConfig":
         if self.source != "synthetic" and not self.path:
             raise ValueError(f"source {self.source!r} needs 'path' (the trace file)")
+        if (self.think_time_s or self.num_warmup) and self.concurrency is None and self.source != "vllm_bench":
+            raise ValueError("think_time_s and num_warmup are for closed-loop workloads: set 'concurrency'")
         return self
 
 

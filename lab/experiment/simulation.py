@@ -34,6 +34,7 @@ from lab.core.samples import WeightedSamples
 from lab.core.request import Request, RequestStatus
 from lab.core.sched_api import SchedulerConfig
 from lab.workload import loaders, synthetic
+from lab.workload.closed_loop import ClosedLoopClients
 from policies import make_router, make_scheduler
 
 
@@ -134,6 +135,9 @@ def build_requests(exp: Experiment) -> list[Request]:
             synthetic.LengthDist(**w.prompt_tokens.model_dump()),
             synthetic.LengthDist(**w.output_tokens.model_dump()),
             seed=exp.seed, cv=w.cv, num_priorities=w.num_priorities)
+        if w.concurrency is not None and "rate" not in w.model_fields_set:
+            for r in reqs:  # closed loop without an explicit rate: all ready at once, the clients pace the sends
+                r.arrival_time = 0.0
     else:
         path = exp.path(w.path, "workload.path")  # type: ignore[arg-type]
         if w.source == "azure":
@@ -372,8 +376,12 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     total = len(reqs)
     done = [0]
 
-    def on_done(_r: Request) -> None:
+    clients: list[ClosedLoopClients] = []
+
+    def on_done(r: Request) -> None:
         done[0] += 1
+        if clients:
+            clients[0].completed(r)
         if progress is not None:
             progress(done[0], total)
 
@@ -424,7 +432,20 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
             arrive(r)
         nxt[0] = float("inf")
 
-    env.process(arrivals())
+    concurrency = closed_loop_concurrency(exp)
+    if concurrency is not None:
+        w = exp.workload
+        clients.append(ClosedLoopClients(env, reqs, concurrency, arrive, w.think_time_s, w.num_warmup, itl.clear))
+        for inst in instances:
+            inst.finish_triggers_arrival = True
+            inst.arrival_hint = inst.expected_next_arrival
+            if len(instances) > 1:
+                # one instance's completion sends a request to another at that very instant, often at one of its
+                # step boundaries: fast-forward is not yet exact for that, so these runs go step by step
+                inst.disable_fast_forward()
+        env.process(clients[0].run())
+    else:
+        env.process(arrivals())
     try:
         _run_env(env, run.horizon)
     except BaseException:
@@ -467,6 +488,17 @@ def _kv_transfer(exp: Experiment, sub: Experiment, dep: Deployment, pools: list,
 
 # One 400 Gb/s RDMA NIC per GPU (ConnectX-7, as in DGX H100/H200 nodes): 50 GB/s per direction.
 RDMA_NIC_BYTES_PER_S = 50e9
+
+
+def closed_loop_concurrency(exp: Experiment) -> int | None:
+    """The closed-loop concurrency: ``workload.concurrency``, else the ``max_concurrency`` a vllm_bench result was
+    run with, else None (open loop: requests arrive at their trace times)."""
+    w = exp.workload
+    if w.concurrency is not None:
+        return w.concurrency
+    if w.source == "vllm_bench" and w.path:
+        return loaders.vllm_bench_max_concurrency(exp.path(w.path, "workload.path"))
+    return None
 
 
 def _build_pool_deployment(cfg, index: int, exp: Experiment) -> Deployment:

@@ -9,6 +9,12 @@ process pool (``--jobs``); each run's full outputs land in ``<out>/<group>/<trac
 comparison in ``<out>/comparison.md`` (tables per group and trace, the written reading from ``note``),
 ``comparison.csv`` (one row per run) and one CDF figure per group (TTFT, TPOT, E2EL side by side per trace).
 
+Each run's folder is written atomically (a temporary sibling renamed into place; lab/report/run_report.py
+``atomic_dir``) with a ``run.json`` holding a hash of the run's merged experiment fields. A re-run into the same
+output folder reuses every run whose folder is complete and whose hash is unchanged (its summary and latencies are
+read back) and simulates only the others; ``fresh`` redoes all. Workers exit when the comparison's process dies,
+and are killed when it is interrupted (Ctrl-C, SIGTERM) or a run fails.
+
 A group may also name a ``curve`` (``{x: FIELD.PATH, series: FIELD.PATH}``): dotted paths into each run's
 experiment (``engine.max_num_seqs``), resolved on the merged fields first and then on the validated experiment,
 so a field left at its default resolves too. Per trace, the group then gets a table and a figure
@@ -18,9 +24,15 @@ so a field left at its default resolves too. Per trace, the group then gets a ta
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
+import signal
+import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,7 +44,8 @@ from lab.experiment.config import ConfigError, _format_errors, deep_merge, parse
 from lab.report.metrics import latency_samples
 from lab.experiment.simulation import simulate
 from lab.report.plots import pyplot
-from lab.report.run_report import write_report
+from lab.report.run_report import (OutputDirError, atomic_dir, check_out_dir, linux_libc, pid_alive,
+                                   remove_stale_temps, write_report)
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
 _PATH = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"  # a dotted field path: engine.max_num_seqs
@@ -201,44 +214,198 @@ def load_comparison(path: str | Path, data_dir: str | Path | None = None,
     return spec, runs
 
 
+RUN_META = "run.json"  # in every run's folder: the configuration hash and wall time; written last
+
+
+def config_hash(run: Run) -> str:
+    """sha256 of what decides a run's result: its merged experiment fields, the data folder it reads and the
+    simulator version (a changed trace file under the same path is not noticed). Raises nothing."""
+    key = {"data": run.data, "base_dir": run.base_dir, "data_dir": run.data_dir,
+           "env_data_dir": os.environ.get("SERVELAB_DATA_DIR"), "version": _version()}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _version() -> str:
+    """The installed servelab version ("unknown" when not installed). Raises nothing."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("servelab")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def run_dir(out_dir: Path | str, run: Run) -> Path:
+    """The folder of one run's outputs: ``<out>/<group>/<trace>/<variant>``."""
+    return Path(out_dir) / run.group / run.trace / run.variant
+
+
+def _result(run: Run, summary: dict, lat: dict, pre: np.ndarray, wall_s: float, reused: bool) -> dict:
+    """The result dict of one run, as the comparison table and the figures read it."""
+    return {"group": run.group, "trace": run.trace, "variant": run.variant, "summary": summary,
+            "curve_x": run.curve_x, "curve_series": run.curve_series, "wall_s": wall_s, "reused": reused,
+            "ttft": lat["ttft"], "tpot": lat["tpot"], "e2el": lat["e2el"],
+            "preempted_requests": len(pre), "preempted_e2el_mean": float(np.mean(pre)) if len(pre) else None}
+
+
 def _run_one(run: Run, out_dir: str) -> dict:
-    """Worker: simulate one run, write its report (no plots), return its summary and latency samples."""
+    """Worker: simulate one run, write its folder atomically (report without plots, then run.json), return its
+    summary and latency samples.
+
+    Raises:
+        whatever the simulation raises (the run's folder is then left as it was).
+    """
     exp = parse_experiment(run.data, run.source, Path(run.base_dir), run.data_dir)
     t0 = time.perf_counter()
-    result = simulate(exp)
-    d = Path(out_dir) / run.group / run.trace / run.variant
-    summary = write_report(result, d, plots=False)
-    lat = latency_samples(result.requests)
-    pre = latency_samples([r for r in result.requests if r.num_preemptions])["e2el"]  # finished, preempted
-    return {"group": run.group, "trace": run.trace, "variant": run.variant, "summary": summary,
-            "curve_x": run.curve_x, "curve_series": run.curve_series,
-            "wall_s": time.perf_counter() - t0, "ttft": lat["ttft"], "tpot": lat["tpot"], "e2el": lat["e2el"],
-            "preempted_requests": len(pre), "preempted_e2el_mean": float(np.mean(pre)) if len(pre) else None}
+    with simulate(exp) as result:
+        with atomic_dir(run_dir(out_dir, run)) as tmp:
+            summary = write_report(result, tmp, plots=False, atomic=False)
+            wall = time.perf_counter() - t0
+            (tmp / RUN_META).write_text(json.dumps({"config_hash": config_hash(run), "wall_s": wall}))
+        lat = latency_samples(result.requests)
+        pre = latency_samples([r for r in result.requests if r.num_preemptions])["e2el"]  # finished, preempted
+    return _result(run, summary, lat, pre, wall, reused=False)
+
+
+def _reuse(run: Run, out_dir: Path) -> dict | None:
+    """The result of a run whose folder is complete (run.json, summary.json, requests.parquet) and whose
+    configuration hash is unchanged, read back from its files; None otherwise. Raises nothing."""
+    d = run_dir(out_dir, run)
+    try:
+        meta = json.loads((d / RUN_META).read_text())
+        if not isinstance(meta, dict) or meta.get("config_hash") != config_hash(run):
+            return None
+        summary = json.loads((d / "summary.json").read_text())
+        req = pd.read_parquet(d / "requests.parquet", columns=["status", "ttft", "tpot", "e2el", "num_preemptions"])
+        wall = float(meta.get("wall_s", float("nan")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    fin = req[req["status"] == "finished"]
+    lat = {m: fin[m].to_numpy(dtype=float) for m in ("ttft", "e2el")}
+    tpot = fin["tpot"].to_numpy(dtype=float)
+    lat["tpot"] = tpot[~np.isnan(tpot)]
+    pre = fin.loc[fin["num_preemptions"] > 0, "e2el"].to_numpy(dtype=float)
+    return _result(run, summary, lat, pre, wall, reused=True)
 
 
 def run_comparison(spec: ComparisonSpec, runs: list[Run], out_dir: Path, jobs: int | None = None,
                    plots: bool | None = None, progress: Callable[[dict], None] | None = None,
-                   note_base: Path | None = None) -> pd.DataFrame:
-    """Run every run (``jobs`` worker processes), write the comparison report, return the comparison table."""
+                   note_base: Path | None = None, fresh: bool = False) -> pd.DataFrame:
+    """Run every run (``jobs`` worker processes), write the comparison report, return the comparison table
+    (``table.attrs["reused"]``: how many runs were read back instead of simulated).
+
+    Runs already complete in ``out_dir`` with an unchanged configuration are reused unless ``fresh``.
+
+    Raises:
+        OutputDirError: ``out_dir`` is an existing file, or a run's folder holds files that are not outputs.
+        whatever a run raises (PolicyError, WorkloadError, ValueError, ...); the other workers are stopped.
+    """
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputDirError(f"output folder {out_dir} exists and is not a folder; pass --out a folder path")
+    for r in runs:  # before anything runs: a run folder that would be replaced but is not an output
+        check_out_dir(run_dir(out_dir, r))
+        remove_stale_temps(run_dir(out_dir, r))
     out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = jobs or spec.jobs
-    results: list[dict] = []
-    if jobs == 1:
-        for r in runs:
-            res = _run_one(r, str(out_dir))
-            results.append(res)
-            if progress:
-                progress(res)
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futs = [pool.submit(_run_one, r, str(out_dir)) for r in runs]
-            for f in futs:
-                res = f.result()
-                results.append(res)
-                if progress:
-                    progress(res)
+    results: list[dict | None] = [None if fresh else _reuse(r, out_dir) for r in runs]
+    for res in results:
+        if res is not None and progress:
+            progress(res)
+    todo = [i for i, res in enumerate(results) if res is None]
+
+    def done(i: int, res: dict) -> None:
+        results[i] = res
+        if progress:
+            progress(res)
+
+    _run_all([runs[i] for i in todo], todo, out_dir, jobs or spec.jobs, done)
+    table = _write_comparison(spec, results, out_dir, plots, note_base)
+    table.attrs["reused"] = len(runs) - len(todo)
+    return table
+
+
+def _run_all(runs: list[Run], ids: list[int], out_dir: Path, jobs: int, done: Callable[[int, dict], None]) -> None:
+    """Simulate ``runs`` in this process (``jobs`` 1) or on a process pool, calling ``done(id, result)`` as each
+    finishes. Raises whatever a run raises, KeyboardInterrupt, or SystemExit on SIGTERM (workers stopped first)."""
+    if jobs == 1 or len(runs) <= 1:
+        for i, r in zip(ids, runs):
+            done(i, _run_one(r, str(out_dir)))
+        return
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(runs)), initializer=_worker_init, initargs=(os.getpid(),))
+    try:
+        with _sigterm_as_exit():
+            futs = {pool.submit(_run_one, r, str(out_dir)): i for i, r in zip(ids, runs)}
+            pending = set(futs)
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    done(futs[f], f.result())
+    except BaseException:
+        _stop_workers(pool)
+        raise
+    pool.shutdown()
+
+
+def _worker_init(parent_pid: int) -> None:
+    """Pool initializer: the worker exits when the comparison's process dies (PR_SET_PDEATHSIG on Linux, and a
+    daemon thread watching the parent everywhere) and leaves Ctrl-C to it. Raises nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    libc = linux_libc()
+    if libc is not None:
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    ppid = os.getppid()
+    if not pid_alive(parent_pid):
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent_pid, ppid), daemon=True, name="servelab-watch-parent").start()
+
+
+def _watch_parent(parent_pid: int, ppid: int) -> None:
+    """Exit this worker at once when its parent changes (re-parented: the parent died) or the comparison's process
+    is gone."""
+    while True:
+        time.sleep(0.25)
+        if os.getppid() != ppid or not pid_alive(parent_pid):
+            os._exit(1)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate the pool's worker processes (SIGTERM, then SIGKILL after 2 s) and drop its queued runs."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        p.join(2.0)
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+
+
+@contextmanager
+def _sigterm_as_exit():
+    """Within the block, SIGTERM raises SystemExit(143) in the main thread (so the workers are stopped before the
+    process ends); elsewhere, or off the main thread, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _write_comparison(spec: ComparisonSpec, results: list[dict], out_dir: Path, plots: bool | None,
+                      note_base: Path | None) -> pd.DataFrame:
+    """comparison.csv, the figures and comparison.md (each file replaced whole, comparison.md last)."""
     table = comparison_table(results)
-    table.to_csv(out_dir / "comparison.csv", index=False)
+    _write_atomic(out_dir / "comparison.csv", table.to_csv(index=False))
     want_plots = spec.plots if plots is None else plots
     figs = plot_groups(spec, results, out_dir) if want_plots else {}
     curve_figs = plot_curves(spec, table, out_dir) if want_plots else {}
@@ -248,8 +415,18 @@ def run_comparison(spec: ComparisonSpec, runs: list[Run], out_dir: Path, jobs: i
         if not p.is_absolute() and note_base is not None:
             p = note_base / p
         note = p.read_text() if p.is_file() else f"(note file {p} not found)\n"
-    (out_dir / "comparison.md").write_text(comparison_markdown(spec, table, figs, note, curve_figs))
+    _write_atomic(out_dir / "comparison.md", comparison_markdown(spec, table, figs, note, curve_figs))
     return table
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``. Raises OSError."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _ms(v) -> str:

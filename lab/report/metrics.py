@@ -79,6 +79,8 @@ def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
             ",".join(map(str, r.served_by)), r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens,
         ))
     df = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
+    if any(r.warmup for r in requests):
+        df["warmup"] = [r.warmup for r in requests]
     if any(r.remote is not None for r in requests):
         pd_rows = [ttft_decomposition(r) for r in requests]
         for i, col in enumerate(PD_COLUMNS):

@@ -26,7 +26,7 @@ import pandas as pd
 
 from lab.report.metrics import requests_frame
 from lab.report.plots import pyplot
-from lab.report.run_report import steps_frame, write_report
+from lab.report.run_report import atomic_dir, check_out_dir, steps_frame, write_report
 
 
 class ValidationError(ValueError):
@@ -349,12 +349,17 @@ def run_validation(exp, out_dir: Path, simulate_fn, plots: bool = True) -> dict:
     """Simulate ``exp`` (with per-step cost breakdowns), write its normal report, compare it with the measured
     run named in ``exp.validation`` and write validation.json / .md / CSVs / plots into ``out_dir``.
 
+    Everything is written into a temporary sibling folder that replaces ``out_dir`` in one rename at the end
+    (lab/report/run_report.py ``atomic_dir``): ``out_dir`` is the earlier complete folder or the new one.
+
     Args:
         exp: the experiment (must have a ``validation`` section).
         simulate_fn: ``exp -> SimResult`` (the CLI passes one with a progress bar).
 
     Raises:
         ValidationError: a measured file is missing or malformed.
+        lab.report.run_report.OutputDirError: ``out_dir`` is a file or a folder that is not an output folder
+            (checked before simulating).
     """
     v = exp.validation
     measured_path = exp.path(v.measured, "validation.measured")
@@ -363,8 +368,17 @@ def run_validation(exp, out_dir: Path, simulate_fn, plots: bool = True) -> dict:
     if ts_path is None and v.format == "llmservingsim" and (measured_path.parent / "timeseries.csv").is_file():
         ts_path = measured_path.parent / "timeseries.csv"
     ts_meas = load_timeseries(ts_path) if ts_path else None
+    check_out_dir(out_dir)
     result = simulate_fn(exp)
-    write_report(result, out_dir, plots=plots)
+    with atomic_dir(out_dir) as tmp:
+        return _compare_and_write(exp, result, measured, measured_path, ts_meas, tmp, plots)
+
+
+def _compare_and_write(exp, result, measured: pd.DataFrame, measured_path: Path, ts_meas: pd.DataFrame | None,
+                       out_dir: Path, plots: bool) -> dict:
+    """run_validation after the run: the run's report, the comparison, its files and plots into ``out_dir``."""
+    v = exp.validation
+    write_report(result, out_dir, plots=plots, atomic=False)
     sim_requests = requests_frame(result.requests)
     report = compare(measured, sim_requests)
     dep = result.deployment

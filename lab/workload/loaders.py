@@ -481,6 +481,22 @@ def _bench_arrivals(path: Path, d: dict) -> tuple[float, float]:
     return float(rate), float(burst)
 
 
+def vllm_bench_max_concurrency(path: str | Path) -> int | None:
+    """The ``max_concurrency`` a ``vllm bench serve`` result was run with (``--max-concurrency``), or None (open
+    loop). Such a run was closed-loop, and is replayed as one (lab/workload/closed_loop.py).
+
+    Raises:
+        WorkloadError: a value that is neither null nor an integer >= 1.
+    """
+    d = _read_json(Path(path))
+    v = d.get("max_concurrency") if isinstance(d, dict) else None
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise WorkloadError(f"{path}: max_concurrency must be null or an integer >= 1, got {v!r}")
+    return v
+
+
 def load_vllm_bench(path: str | Path, seed: int = 0) -> list[Request]:
     """The requests of a ``vllm bench serve --save-result --save-detailed`` JSON: ``input_lens``, ``output_lens``
     and, for arrivals, ``request_rate`` (req/s; ``inf`` = all at once) and ``burstiness`` (Gamma shape; 1 =

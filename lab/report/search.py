@@ -1,0 +1,265 @@
+"""Capacity search: the largest load a deployment serves within an SLO, or the fewest instances that serve a load,
+and candidate deployments ranked by the GPUs they need (``servelab search FILE.yaml``; docs/search.md).
+
+A search file names a base experiment, what to find and the SLO::
+
+    base: demo.yaml                      # an experiment file (relative to this file), or an inline mapping
+    find: max_rate                       # max_rate | max_concurrency | min_instances
+    low: 1                               # the bracket searched
+    high: 64
+    tolerance: 0.02                      # max_rate: relative width of the final bracket
+    slo: {ttft_s: 0.5, tpot_s: 0.05, percentile: 90}   # p90 TTFT <= 500 ms and p90 TPOT <= 50 ms
+    # or {ttft_s: 0.5, tpot_s: 0.05, attainment: 0.9}: >= 90 % of requests meet every SLO (DistServe)
+    candidates:                          # optional: the search runs once per candidate, then ranks them
+      tp2: {hardware: {tensor_parallel_size: 2}}
+      tp4: {hardware: {tensor_parallel_size: 4}}
+
+Each probe is one simulation of the base experiment with the searched field set (``workload.rate``,
+``workload.concurrency`` or ``cluster.num_instances``, or ``field``). The search assumes that the SLO, once missed,
+stays missed as load grows (or as instances are removed), and bisects: ``max_rate`` until the bracket is within
+``tolerance`` of its lower end, the integer searches exactly. A probe counts as meeting the SLO only if every request
+finished (none rejected or unfinished).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from lab.experiment.config import ConfigError, Experiment, deep_merge, parse_experiment, read_yaml
+from lab.experiment.simulation import simulate
+from lab.report.metrics import requests_frame
+
+_FIELDS = {"max_rate": "workload.rate", "max_concurrency": "workload.concurrency",
+           "min_instances": "cluster.num_instances"}
+
+
+class SearchSLO(BaseModel):
+    """Latency bounds (seconds) and how they are judged: each metric's ``percentile`` (e.g. p90 TTFT <= ttft_s),
+    or the ``attainment``: the share of requests meeting every bound (DistServe's SLO attainment)."""
+
+    model_config = ConfigDict(extra="forbid")
+    ttft_s: float | None = Field(None, gt=0)
+    tpot_s: float | None = Field(None, gt=0)
+    e2el_s: float | None = Field(None, gt=0)
+    percentile: float | None = Field(None, gt=0, le=100)
+    attainment: float | None = Field(None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> "SearchSLO":
+        if (self.percentile is None) == (self.attainment is None):
+            raise ValueError("give exactly one of 'percentile' (each bound at that percentile) and 'attainment' "
+                             "(share of requests meeting every bound)")
+        if self.ttft_s is None and self.tpot_s is None and self.e2el_s is None:
+            raise ValueError("give at least one bound: ttft_s, tpot_s or e2el_s")
+        return self
+
+
+class SearchSpec(BaseModel):
+    """A search file (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field("search", pattern=r"^[A-Za-z0-9_.-]+$")
+    base: str | dict[str, Any]
+    find: Literal["max_rate", "max_concurrency", "min_instances"] = "max_rate"
+    field: str | None = Field(None, description="the field searched (default by 'find')")
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+    tolerance: float = Field(0.02, gt=0, lt=1, description="max_rate: final bracket width relative to its low end")
+    slo: SearchSLO
+    candidates: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _bracket(self) -> "SearchSpec":
+        if self.low >= self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        if self.find != "max_rate" and (self.low != int(self.low) or self.high != int(self.high)):
+            raise ValueError(f"{self.find}: low and high must be integers")
+        return self
+
+
+@dataclass
+class Probe:
+    """One simulation of the search: the value tried, whether it met the SLO, and its figures."""
+
+    value: float
+    ok: bool
+    figures: dict
+
+
+@dataclass
+class SearchResult:
+    """The answer for one candidate: ``value`` (None if even the easiest end of the bracket misses the SLO), the
+    GPUs it takes, and every probe in order."""
+
+    candidate: str
+    value: float | None
+    gpus: int | None
+    probes: list[Probe] = field(default_factory=list)
+    error: str = ""  # why the candidate could not run at all (e.g. the model does not fit)
+
+
+def load_search(path: str | Path, data_dir: str | Path | None = None) -> tuple[SearchSpec, Path]:
+    """Read a search file.
+
+    Raises:
+        ConfigError: missing file, bad YAML, or invalid fields (the message names the file and field).
+    """
+    p = Path(path)
+    data = read_yaml(p, "search file")
+    try:
+        return SearchSpec.model_validate(data or {}), p
+    except ValidationError as e:
+        lines = [f"{p}: invalid search file"] + [f"  {'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()]
+        raise ConfigError("\n".join(lines)) from None
+
+
+def _base_data(spec: SearchSpec, where: Path) -> tuple[dict, Path]:
+    if isinstance(spec.base, dict):
+        return dict(spec.base), where.resolve().parent
+    path = (where.resolve().parent / spec.base).resolve()
+    data = read_yaml(path, "base experiment")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping")
+    return data, path.parent
+
+
+def _set(data: dict, dotted: str, value: Any) -> dict:
+    node: dict = {}
+    top = node
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return deep_merge(data, top)
+
+
+def meets(figures: dict, slo: SearchSLO) -> bool:
+    """Whether a probe's figures meet the SLO (every request finished, and the bounds by the SLO's rule)."""
+    if figures["num_unserved"]:
+        return False
+    if slo.attainment is not None:
+        return figures["attainment"] >= slo.attainment
+    return all(figures[f"p_{m}"] <= bound for m, bound in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s),
+                                                             ("e2el", slo.e2el_s)) if bound is not None)
+
+
+def probe_figures(exp: Experiment, slo: SearchSLO) -> dict:
+    """Simulate ``exp`` and return what the SLO is judged on: the percentile of each bounded metric, the share of
+    requests meeting every bound, throughput, and the requests not served."""
+    res = simulate(exp)
+    df = requests_frame(res.requests)
+    if "warmup" in df:
+        df = df[~df["warmup"]]
+    fin = df[df["status"] == "finished"]
+    q = slo.percentile if slo.percentile is not None else 50.0
+    out: dict = {"num_requests": int(len(df)), "num_unserved": int(len(df) - len(fin))}
+    ok = fin["ttft"] == fin["ttft"]
+    for m, bound in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("e2el", slo.e2el_s)):
+        col = fin[m].fillna(0.0) if m == "tpot" else fin[m]  # a one-token output has no TPOT (vLLM: 0)
+        out[f"p_{m}"] = float(col.quantile(q / 100.0)) if len(col) else math.inf
+        if bound is not None:
+            ok &= col <= bound
+    out["attainment"] = float(ok.sum()) / len(df) if len(df) else 0.0
+    span = float(fin["finish_time"].max() - df["arrival_time"].min()) if len(fin) else 0.0
+    out["request_throughput"] = len(fin) / span if span > 0 else 0.0
+    return out
+
+
+def _bisect(ok: Callable[[float], bool], low: float, high: float, integer: bool, increasing_ok: bool,
+            tolerance: float) -> float | None:
+    """The boundary value of a monotone predicate on [low, high]: the largest value that is ok when ok holds for
+    small values (``increasing_ok`` False: max load), the smallest when it holds for large ones (min instances).
+    None when no value in the bracket is ok."""
+    good, bad = (low, high) if not increasing_ok else (high, low)
+    if not ok(good):
+        return None
+    if ok(bad):
+        return bad
+    while True:
+        if integer:
+            if abs(good - bad) <= 1:
+                return good
+            mid = float(int((good + bad) // 2))
+        else:
+            if abs(bad - good) <= tolerance * min(good, bad):
+                return good
+            mid = (good + bad) / 2.0
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+
+
+def _gpus(exp: Experiment, instances: int | None = None) -> int:
+    """GPUs of a deployment: per instance TP x PP (a DP rank is an instance), times the instances."""
+    h = exp.hardware
+    per = h.tensor_parallel_size * h.pipeline_parallel_size
+    if exp.pools:
+        return sum(p.num_instances * per for p in exp.pools)  # roles share the experiment's parallelism here
+    return per * (instances if instances is not None else exp.cluster.num_instances)
+
+
+def run_search(spec: SearchSpec, where: Path, data_dir: str | Path | None = None,
+               on_probe: Callable[[str, Probe], None] | None = None) -> list[SearchResult]:
+    """Run the search for every candidate (or the base alone) and return the answers, cheapest first (fewest GPUs,
+    then the larger answer for a max search).
+
+    Raises:
+        ConfigError: the base or a candidate is not a valid experiment.
+    """
+    base, base_dir = _base_data(spec, where)
+    dotted = spec.field or _FIELDS[spec.find]
+    integer = spec.find != "max_rate"
+    results = []
+    for name, over in (spec.candidates or {"base": {}}).items():
+        data = deep_merge(base, over)
+        result = SearchResult(name, None, None)
+
+        def ok(value: float, data=data, result=result, name=name) -> bool:
+            v = int(value) if integer else value
+            exp = parse_experiment(_set(data, dotted, v), f"{where} [{name}: {dotted}={v}]", base_dir, data_dir)
+            figures = probe_figures(exp, spec.slo)
+            probe = Probe(v, meets(figures, spec.slo), figures)
+            result.probes.append(probe)
+            if on_probe is not None:
+                on_probe(name, probe)
+            return probe.ok
+
+        try:
+            value = _bisect(ok, spec.low, spec.high, integer, spec.find == "min_instances", spec.tolerance)
+        except ValueError as e:  # the candidate cannot be built (a model that does not fit, a bad layout)
+            result.error = str(e).splitlines()[0]
+            results.append(result)
+            continue
+        result.value = None if value is None else (int(value) if integer else value)
+        exp = parse_experiment(data, str(where), base_dir, data_dir)
+        result.gpus = _gpus(exp, result.value if spec.find == "min_instances" else None) \
+            if result.value is not None else None
+        results.append(result)
+    maximize = spec.find != "min_instances"
+    return sorted(results, key=lambda r: (r.value is None, r.gpus if r.gpus is not None else math.inf,
+                                          -(r.value or 0) if maximize else (r.value or 0)))
+
+
+def search_markdown(spec: SearchSpec, results: list[SearchResult]) -> str:
+    """The answer as a Markdown table: one row per candidate, cheapest first, with the probes each took."""
+    dotted = spec.field or _FIELDS[spec.find]
+    lines = [f"# {spec.name}: {spec.find} ({dotted})", "", f"SLO: {spec.slo.model_dump(exclude_none=True)}", "",
+             f"| candidate | {spec.find} | GPUs | probes |", "|---|---:|---:|---:|"]
+    for r in results:
+        val = (f"cannot run: {r.error}" if r.error else "not met in the bracket" if r.value is None
+               else f"{r.value:.3g}" if isinstance(r.value, float) else str(r.value))
+        lines.append(f"| {r.candidate} | {val} | {r.gpus if r.gpus is not None else '–'} | {len(r.probes)} |")
+    lines += ["", "Probes (value: met?, p-TTFT / p-TPOT in ms, attainment):", ""]
+    for r in results:
+        for p in r.probes:
+            f = p.figures
+            lines.append(f"- {r.candidate} {dotted}={p.value}: {'met' if p.ok else 'missed'}, "
+                         f"{f['p_ttft'] * 1e3:.1f} / {f['p_tpot'] * 1e3:.2f} ms, attainment "
+                         f"{f['attainment'] * 100:.1f} %, {f['num_unserved']} unserved")
+    return "\n".join(lines) + "\n"

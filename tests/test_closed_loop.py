@@ -1,0 +1,84 @@
+"""Closed-loop clients on a hand-worked timeline (1 s per step), and the workload fields that drive them."""
+
+import json
+
+import pytest
+
+from lab.experiment.config import ConfigError, parse_experiment
+from lab.experiment.simulation import closed_loop_concurrency, simulate
+from lab.report.metrics import requests_frame
+from lab.workload.closed_loop import ClosedLoopClients
+from tests.conftest import make_engine, req
+
+
+def _clients(concurrency, think, warmup, n=4):
+    env, inst, _ = make_engine()
+    reqs = [req(i, 4, 2) for i in range(n)]
+    cleared = []
+    clients = ClosedLoopClients(env, reqs, concurrency, inst.add_request, think, warmup,
+                                on_measure_start=lambda: cleared.append(env.now))
+    inst.on_done = inst.outputs.on_done = clients.completed
+    env.process(clients.run())
+    env.run()
+    return reqs, cleared
+
+
+def test_two_clients_with_think_time_send_the_next_requests_half_a_second_after_completions():
+    # t=0: r0, r1 sent; step 1 prefills both (first tokens at 1), step 2 decodes (both finish at 2); each slot
+    # frees 0.5 s later, so r2 and r3 are sent at 2.5, first token at 3.5, finish at 4.5
+    reqs, _ = _clients(2, 0.5, 0)
+    assert [r.arrival_time for r in reqs] == [0.0, 0.0, 2.5, 2.5]
+    assert [r.first_token_time - r.arrival_time for r in reqs] == [1.0, 1.0, 1.0, 1.0]  # TTFT from the send
+    assert [r.finish_time for r in reqs] == [2.0, 2.0, 4.5, 4.5]
+
+
+def test_one_client_sends_strictly_one_after_another():
+    reqs, _ = _clients(1, 0.0, 0, n=3)
+    assert [r.arrival_time for r in reqs] == [0.0, 2.0, 4.0]
+
+
+def test_warm_up_requests_run_first_and_are_left_out_of_the_metrics():
+    reqs, cleared = _clients(2, 0.5, 2)
+    assert [r.warmup for r in reqs] == [True, True, False, False]
+    assert cleared == [2.0]  # the measured phase starts when the last warm-up request completes (ITL cleared)
+    assert [r.arrival_time for r in reqs[2:]] == [2.5, 2.5]  # and the slots are free after the think time
+
+
+def _exp(fast_forward=True, **workload):
+    return parse_experiment({"name": "cl", "workload": {"source": "synthetic", "num_requests": 40,
+                                                        "prompt_tokens": {"kind": "constant", "value": 256},
+                                                        "output_tokens": {"kind": "constant", "value": 32},
+                                                        **workload},
+                             "model": {"name": "Llama-3.1-8B"},
+                             "simulation": {"progress": False, "fast_forward": fast_forward}})
+
+
+def test_concurrency_bounds_the_requests_in_flight_and_fast_forward_is_exact():
+    for n in (1, 8):
+        res = simulate(_exp(concurrency=n, num_warmup=2))
+        spans = sorted((r.arrival_time, r.finish_time) for r in res.requests)
+        for t, _ in spans:  # at every send, at most n requests (including it) are in flight
+            assert sum(1 for a, f in spans if a <= t < f) <= n
+        slow = simulate(_exp(False, concurrency=n, num_warmup=2))
+        assert [r.finish_time for r in slow.requests] == [r.finish_time for r in res.requests]
+        df = requests_frame(res.requests)
+        assert int(df["warmup"].sum()) == 2
+
+
+def test_a_vllm_bench_result_run_with_max_concurrency_is_replayed_closed_loop(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"input_lens": [100] * 6, "output_lens": [10] * 6, "request_rate": "inf",
+                                "max_concurrency": 2}))
+    exp = parse_experiment({"name": "b", "workload": {"source": "vllm_bench", "path": str(path)},
+                            "model": {"name": "Llama-3.1-8B"}, "simulation": {"progress": False}})
+    assert closed_loop_concurrency(exp) == 2
+    res = simulate(exp)
+    arrivals = sorted(r.arrival_time for r in res.requests)
+    assert arrivals[:2] == [0.0, 0.0] and arrivals[2] > 0  # the third waits for a slot
+
+
+def test_closed_loop_fields_need_a_concurrency():
+    with pytest.raises(ConfigError, match="set 'concurrency'"):
+        _exp(think_time_s=1.0)
+    with pytest.raises(ConfigError, match="concurrency"):
+        _exp(concurrency=0)
