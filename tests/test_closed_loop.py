@@ -82,3 +82,19 @@ def test_closed_loop_fields_need_a_concurrency():
         _exp(think_time_s=1.0)
     with pytest.raises(ConfigError, match="concurrency"):
         _exp(concurrency=0)
+
+
+def test_a_run_writes_vllm_bench_serve_result_json_that_validate_reads_back(tmp_path):
+    from lab.report.run_report import write_report
+    from lab.report.validate import _load_vllm_bench
+
+    res = simulate(_exp(concurrency=4, num_warmup=2))
+    write_report(res, tmp_path / "out", plots=False)
+    d = json.loads((tmp_path / "out" / "bench_result.json").read_text())
+    assert d["completed"] == 38 and d["max_concurrency"] == 4 and d["request_rate"] == "inf"
+    for key in ("mean_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_itl_ms", "output_throughput", "duration"):
+        assert key in d
+    back = _load_vllm_bench(tmp_path / "out" / "bench_result.json")
+    fin = [r for r in res.requests if not r.warmup]
+    e2el = sorted(r.finish_time - r.arrival_time for r in fin)
+    assert sorted(back["e2el"]) == pytest.approx(e2el)  # TTFT + sum(ITL) = E2EL per request

@@ -205,10 +205,12 @@ def build_deployment(exp: Experiment) -> Deployment:
     max_model_len = e.max_model_len or model.max_position_embeddings
     default_mbt, default_seqs = batch_defaults(hw)
     mbt = e.max_num_batched_tokens or default_mbt
-    max_num_seqs = e.max_num_seqs or min(default_seqs, mbt)  # a defaulted max_num_seqs never exceeds the budget
+    max_num_seqs = e.max_num_seqs or default_seqs
     if mbt < max_num_seqs and budgeted_by_max_num_batched_tokens(exp):
-        raise ValueError(f"engine.max_num_batched_tokens ({mbt}) must be >= engine.max_num_seqs ({max_num_seqs}), "
-                         "as vLLM requires (every running request must be able to take one token per step)")
+        default = "" if e.max_num_seqs else f" (vLLM's default for {hw.name}; set engine.max_num_seqs)"
+        raise ValueError(f"engine.max_num_batched_tokens ({mbt}) must be >= engine.max_num_seqs ({max_num_seqs}"
+                         f"{default}), as vLLM requires (every running request must be able to take one token per "
+                         "step)")
     if not e.enable_chunked_prefill and e.max_num_batched_tokens is not None and mbt < max_model_len:
         raise ValueError(f"engine.max_num_batched_tokens ({mbt}) is below max_model_len ({max_model_len}) with "
                          "enable_chunked_prefill false: vLLM refuses it (no prompt longer than the budget could run)")

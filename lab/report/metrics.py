@@ -227,3 +227,54 @@ def summarize(df: pd.DataFrame, itl, steps: pd.DataFrame | None = None, horizon:
         s["goodput"] = good / dur if len(fin) else 0.0
         s["slo_attainment"] = good / n if n else 0.0
     return s
+
+
+def vllm_bench_result(df: pd.DataFrame, summary: dict, itl, percentiles: Sequence[float] = (99,),
+                      max_concurrency: int | None = None, request_rate: float | None = None,
+                      model_id: str = "") -> dict:
+    """The run as ``vllm bench serve --save-result --save-detailed`` writes it (benchmarks/serve.py): the same
+    keys and units (milliseconds for latencies, seconds for ``duration``, ``ttfts`` and ``itls``), so dashboards and
+    ``servelab validate`` read a simulated run like a measured one.
+
+    Per request, ``itls`` is the request's mean gap (its TPOT) repeated ``output - 1`` times: the simulator keeps
+    the ITL distribution for the run (``mean_itl_ms`` etc. come from it), not per request, and the repeated gap
+    keeps TTFT + Σ ITL = E2EL exactly. Rejected and unfinished requests are ``errors``. ``df``: the measured
+    requests (warm-up excluded); ``summary``: :func:`summarize` of them."""
+    fin = df[df["status"] == "finished"]
+    out: dict = {
+        "model_id": model_id, "num_prompts": int(len(df)), "request_rate": request_rate if request_rate else "inf",
+        "max_concurrency": max_concurrency, "duration": summary["duration_s"], "completed": int(len(fin)),
+        "total_input_tokens": summary["total_input_tokens"], "total_output_tokens": summary["total_output_tokens"],
+        "request_throughput": summary["request_throughput"], "output_throughput": summary["output_token_throughput"],
+        "total_token_throughput": summary["total_token_throughput"],
+        "request_goodput": summary.get("goodput"),
+        "input_lens": [int(x) for x in fin["prompt_tokens"]], "output_lens": [int(x) for x in fin["output_tokens"]],
+        "ttfts": [float(x) for x in fin["ttft"]],
+        "itls": [[float(t)] * (int(n) - 1) if n > 1 else [] for t, n in zip(fin["tpot"], fin["output_tokens"])],
+        "errors": [str(r) for r in df.loc[df["status"] != "finished", "reason"]],
+    }
+    ms = 1e3
+    for m in ("ttft", "tpot", "e2el"):
+        vals = fin[m].dropna().to_numpy(dtype=float) * ms
+        if m == "tpot":
+            vals = np.concatenate([vals, np.zeros(int((fin["output_tokens"] <= 1).sum()))])  # vLLM: TPOT 0
+        _put_stats(out, m, vals, percentiles)
+    d = itl.describe(list(percentiles)) if hasattr(itl, "describe") else describe(itl, percentiles)
+    out.update({"mean_itl_ms": _ms(d["mean"]), "median_itl_ms": _ms(d["median"]), "std_itl_ms": _ms(d.get("std"))})
+    for p in percentiles:
+        out[f"p{p:g}_itl_ms"] = _ms(d.get(f"p{p:g}"))
+    return out
+
+
+def _ms(v) -> float | None:
+    return None if v is None else float(v) * 1e3
+
+
+def _put_stats(out: dict, metric: str, vals: np.ndarray, percentiles: Sequence[float]) -> None:
+    """vLLM's mean/median/std/p<q> keys of one metric (values already in ms)."""
+    have = len(vals) > 0
+    out[f"mean_{metric}_ms"] = float(vals.mean()) if have else None
+    out[f"median_{metric}_ms"] = float(np.median(vals)) if have else None
+    out[f"std_{metric}_ms"] = float(vals.std()) if have else None
+    for p in percentiles:
+        out[f"p{p:g}_{metric}_ms"] = float(np.percentile(vals, p)) if have else None

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from lab.core.step_log import STEP_COLUMNS
 from lab.report.plots import pyplot
-from lab.report.metrics import engine_stats, requests_frame, speculative_stats, summarize
+from lab.report.metrics import engine_stats, requests_frame, speculative_stats, summarize, vllm_bench_result
 from lab.experiment.speculative import acceptance_rates
 from lab.experiment.simulation import SimResult
 
@@ -219,9 +219,23 @@ def write_report(result: SimResult, out_dir: Path, plots: bool = True, atomic: b
     if len(ev):
         ev.to_parquet(out_dir / "events.parquet", index=False)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+    (out_dir / "bench_result.json").write_text(json.dumps(bench_result(result, req, summary), default=_json_default))
     figs = plot_all(req, series, result, out_dir) if plots else []
     (out_dir / "report.md").write_text(markdown(summary, figs))
     return summary
+
+
+def bench_result(result: SimResult, req: pd.DataFrame, summary: dict) -> dict:
+    """The run in ``vllm bench serve``'s result format (lab/report/metrics.py ``vllm_bench_result``)."""
+    from lab.experiment.simulation import closed_loop_concurrency
+
+    exp = result.experiment
+    measured = req[~req["warmup"]] if "warmup" in req else req
+    w = exp.workload
+    open_rate = w.source == "synthetic" and (w.concurrency is None or "rate" in w.model_fields_set)
+    rate = w.rate if open_rate else None
+    return vllm_bench_result(measured, summary, result.itl_samples, (50, 90, 99), closed_loop_concurrency(exp),
+                             rate, result.deployment.model.name)
 
 
 class OutputDirError(ValueError):
@@ -232,6 +246,7 @@ class OutputDirError(ValueError):
 # folder that may be replaced; any other non-empty folder is refused rather than deleted.
 OUTPUT_FILES = frozenset({
     "requests.parquet", "requests.csv", "steps.parquet", "events.parquet", "summary.json", "report.md",
+    "bench_result.json",
     "latency_cdf.png", "timeseries.png", "run.json", "validation.json", "validation.md", "validation_requests.csv",
     "validation_timeseries.csv", "validation_latency.png", "validation_timeseries.png", "validation_breakdown.png"})
 
