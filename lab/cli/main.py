@@ -263,6 +263,41 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
 
 
 @app.command()
+def sweep(spec: Path = typer.Argument(..., help="sweep YAML file (docs/sweeps.md)"), out: Optional[Path] = OUT_OPT,
+          data_dir: Optional[Path] = DATA_OPT,
+          jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="worker processes (default: the file's jobs)"),
+          fresh: bool = typer.Option(False, "--fresh", help="redo every run, also those already complete"),
+          quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+    """Run a base experiment over axes of field values with replications; writes sweep.csv (one row per run) and
+    sweep_summary.csv (per point: mean and 95 % confidence half-width). A re-run resumes from complete runs."""
+    from lab.experiment.config import ConfigError
+    from lab.report.sweep import load_sweep, run_sweep
+    from lab.workload.loaders import WorkloadError
+    from policies import PolicyError
+
+    try:
+        sweep_spec, cmp, runs = load_sweep(spec, data_dir)
+    except ConfigError as e:
+        _fail(str(e))
+    out_dir = out or Path("reports") / sweep_spec.name
+    done = [0]
+
+    def progress(res: dict) -> None:
+        done[0] += 1
+        if not quiet:
+            how = "reused" if res.get("reused") else f"{res['wall_s']:.1f} s"
+            err_console.print(f"[{done[0]}/{len(runs)}] {res['variant']} ({how})", highlight=False)
+
+    try:
+        per_run, _ = run_sweep(sweep_spec, cmp, runs, out_dir, jobs, fresh, progress)
+    except (PolicyError, WorkloadError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    reused = per_run.attrs.get("reused", 0)
+    console.print(f"{len(runs)} runs ({reused} reused, {len(runs) - reused} simulated); wrote {out_dir}/sweep.csv, "
+                  "sweep.parquet and sweep_summary.csv", highlight=False)
+
+
+@app.command()
 def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.md)"), out: Optional[Path] = OUT_OPT,
            data_dir: Optional[Path] = DATA_OPT, quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
     """Find the highest load within an SLO, or the fewest instances for a load, by bisection over simulations, and

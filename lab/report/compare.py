@@ -186,6 +186,16 @@ def load_comparison(path: str | Path, data_dir: str | Path | None = None,
         unknown = [g for g in groups if g not in spec.groups]
         if unknown:
             raise ConfigError(f"{p}: unknown group(s) {unknown}; groups: {', '.join(spec.groups)}")
+    return spec, comparison_runs(spec, p, data_dir, groups)
+
+
+def comparison_runs(spec: ComparisonSpec, p: Path, data_dir: str | Path | None = None,
+                    groups: list[str] | None = None) -> list[Run]:
+    """Build and validate every run of a comparison read from ``p`` (relative paths resolve beside it).
+
+    Raises:
+        ConfigError: an invalid run (the message names the run) or a bad curve.
+    """
     dd = str(data_dir) if data_dir is not None else None
     runs: list[Run] = []
     for g, grp in spec.groups.items():
@@ -211,7 +221,7 @@ def load_comparison(path: str | Path, data_dir: str | Path | None = None,
                 runs.append(Run(group=g, trace=t, variant=v, data=data, source=source,
                                 base_dir=str(p.resolve().parent), data_dir=dd, curve_x=cx, curve_series=cs))
     _check_curves(p, spec, runs)
-    return spec, runs
+    return runs
 
 
 RUN_META = "run.json"  # in every run's folder: the configuration hash and wall time; written last
