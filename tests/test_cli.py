@@ -115,3 +115,21 @@ def test_spilled_step_log_gives_the_same_outputs(tmp_path, monkeypatch):
     sb = json.loads((outs["spill"] / "summary.json").read_text())
     assert sa["engine"] == pytest.approx(sb["engine"]) and sa["ttft"] == sb["ttft"]
     assert (outs["spill"] / "timeseries.png").is_file()
+
+
+def test_set_overrides_write_beside_the_base_report_and_the_offered_load_is_stated(tmp_path, monkeypatch):
+    import json as _json
+    from pathlib import Path as _Path
+
+    from typer.testing import CliRunner
+
+    from lab.cli.main import app
+
+    exp = _Path(__file__).resolve().parent.parent / "experiments" / "demo.yaml"
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["run", str(exp), "--set", "workload.num_requests=20", "-q", "--no-plots"])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "reports" / "demo+workload.num_requests=20"
+    assert out.is_dir() and not (tmp_path / "reports" / "demo").exists()
+    assert _json.loads((out / "summary.json").read_text())["offered_load"] == "Poisson arrivals at 12 req/s"
+    assert "offered: Poisson arrivals at 12 req/s" in res.output

@@ -72,11 +72,18 @@ def _simulate(exp, show_progress: bool = True):
         _fail(f"{exp.source}: {e}")
 
 
-def _out_dir(exp, out: Optional[Path]) -> Path:
+def _out_dir(exp, out: Optional[Path], set_: Optional[list[str]] = None) -> Path:
+    """``--out``, else ``output.dir``, else ``reports/<name>``; with ``--set`` overrides and no explicit folder the
+    default gets their values as a suffix, so an override never replaces the base experiment's report."""
     if out is not None:
         return out
     if exp.output.dir:
         return exp.path(exp.output.dir, "output.dir")
+    if set_:
+        import re
+
+        suffix = re.sub(r"[^A-Za-z0-9_.=-]+", "_", "+".join(set_))[:120]
+        return Path("reports") / f"{exp.name}+{suffix}"
     return Path("reports") / exp.name
 
 
@@ -89,7 +96,8 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
         s = summary[m]
         t.add_row(m.upper(), *("–" if s[k] is None else f"{s[k] * 1000:.1f}" for k in ("mean", "median", "p90", "p99")))
     console.print(t)
-    console.print(f"throughput {summary['request_throughput']:.2f} req/s, "
+    console.print(f"offered: {summary.get('offered_load', '')}; achieved "
+                  f"throughput {summary['request_throughput']:.2f} req/s, "
                   f"{summary['output_token_throughput']:.0f} output tok/s over {summary['duration_s']:.1f} s; "
                   f"{summary['num_preemptions']} preemptions; simulated in "
                   f"{summary['simulation']['wall_time_s']:.2f} s wall")
@@ -105,7 +113,7 @@ def run(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, data_d
     from lab.report.run_report import OutputDirError, write_report
 
     exp = _load(experiment, data_dir, set_)
-    out_dir = _checked_out_dir(exp, out)  # before simulating: --out at a file fails at once
+    out_dir = _checked_out_dir(exp, out, set_)  # before simulating: --out at a file fails at once
     result = _simulate(exp, not quiet)
     try:
         summary = write_report(result, out_dir, plots=exp.output.plots and not no_plots)
@@ -118,13 +126,13 @@ def run(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, data_d
     _print_summary(summary, out_dir)
 
 
-def _checked_out_dir(exp, out: Optional[Path]) -> Path:
+def _checked_out_dir(exp, out: Optional[Path], set_: Optional[list[str]] = None) -> Path:
     """The output folder, absolute (``--out .`` is replaced too), checked to be absent, empty or an earlier output
     folder (else a one-line error, exit 2)."""
     from lab.report.run_report import OutputDirError, check_out_dir
 
     try:
-        return check_out_dir(_out_dir(exp, out))
+        return check_out_dir(_out_dir(exp, out, set_))
     except OutputDirError as e:
         _fail(str(e))
 
@@ -142,7 +150,7 @@ def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, d
     exp = _load(experiment, data_dir, set_)
     if exp.validation is None:
         _fail(f"{experiment}: no 'validation' section (validation.measured names the measured requests file)")
-    out_dir = _checked_out_dir(exp, out)
+    out_dir = _checked_out_dir(exp, out, set_)
     made = []  # the run's result, cleaned up (spill folder) once its outputs are written
 
     def simulate_fn(e):

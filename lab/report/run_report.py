@@ -125,6 +125,7 @@ def collect(result: SimResult, steps: pd.DataFrame | None = None) -> tuple[pd.Da
         summary["num_warmup"] = int(req["warmup"].sum())
     dep = result.deployment
     summary["experiment"] = exp.name
+    summary["offered_load"] = offered_load(exp)
     summary["instances"] = instances_table(req, result, summary["duration_s"])
     summary["num_swaps"] = int(sum(r.num_swaps for r in result.requests))
     if "engine" in summary:
@@ -223,6 +224,22 @@ def write_report(result: SimResult, out_dir: Path, plots: bool = True, atomic: b
     figs = plot_all(req, series, result, out_dir) if plots else []
     (out_dir / "report.md").write_text(markdown(summary, figs))
     return summary
+
+
+def offered_load(exp) -> str:
+    """The load the workload offers, in words (beside the achieved throughput in every report)."""
+    from lab.experiment.simulation import closed_loop_concurrency
+
+    w = exp.workload
+    n = closed_loop_concurrency(exp)
+    if n is not None:
+        think = f", think time {w.think_time_s:g} s" if w.think_time_s else ""
+        return f"closed loop, concurrency {n}{think}"
+    if w.source == "synthetic":
+        kind = "Poisson" if w.cv == 1.0 else f"Gamma (cv {w.cv:g})"
+        return f"{kind} arrivals at {w.rate:g} req/s"
+    scale = f", time_scale {w.time_scale:g}" if w.time_scale != 1.0 else ""
+    return f"{w.source} trace arrivals{scale}"
 
 
 def bench_result(result: SimResult, req: pd.DataFrame, summary: dict) -> dict:
@@ -417,6 +434,7 @@ def markdown(summary: dict, figures: list[tuple[str, str]]) -> str:
              f"{summary['num_unfinished']} | {summary['duration_s']:.1f} | {summary['request_throughput']:.2f} | "
              f"{summary['output_token_throughput']:.0f} | {summary['total_token_throughput']:.0f} | "
              f"{summary['num_preemptions']} |", "",
+             f"Offered load: {summary.get('offered_load', '')}.", "",
              "| metric (ms) | mean | median | p90 | p99 |", "|---|---:|---:|---:|---:|"]
     for m in ("ttft", "tpot", "itl", "e2el", "queue_time"):
         s = summary[m]
