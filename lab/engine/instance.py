@@ -249,6 +249,9 @@ class Instance:
     def add_request(self, request: Request) -> None:
         """Accept an arriving request, or reject it with a reason if it can never be served."""
         self._before_arrival()
+        if self.finish_triggers_arrival and not self.window.steps and request.arrival_time > self.clock:
+            # closed loop: an idle instance starts at the send's exact time, not SimPy's clock (one ulp off)
+            self.clock = request.arrival_time
         now = self.now
         gap = now - self._last_arrival
         self._gap_ema = gap if not self._gap_ema else 0.8 * self._gap_ema + 0.2 * gap

@@ -442,8 +442,8 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
             inst.finish_triggers_arrival = True
             inst.arrival_hint = inst.expected_next_arrival
             if len(instances) > 1:
-                # one instance's completion sends a request to another at that very instant, often at one of its
-                # step boundaries: fast-forward is not yet exact for that, so these runs go step by step
+                # a completion on one instance sends a request to another at that instant: hypothesis found a jump
+                # on the receiving side that is not exact (swap + async), so these runs go step by step
                 inst.disable_fast_forward()
         env.process(clients[0].run())
     else:

@@ -17,6 +17,7 @@ from typing import Callable
 import simpy
 
 from lab.core.request import Request
+from lab.engine.window import delay_until
 
 
 class ClosedLoopClients:
@@ -57,52 +58,64 @@ class ClosedLoopClients:
         self._pending_warmup = num_warmup
         self._warmup_done: simpy.Event | None = None
         self.measure_start = 0.0
+        self._free_at = 0.0  # exact time (seconds) of the latest slot release: a completion's own time (+ think)
+        self._warmup_end = 0.0
         for r in requests[:num_warmup]:
             r.warmup = True
 
     def run(self):
         """The SimPy process: the warm-up phase, then the measured phase."""
         warm, measured = self.requests[:self.num_warmup], self.requests[self.num_warmup:]
+        start = self.env.now
         if warm:
             self._warmup_done = self.env.event()
-            yield from self._send(warm)
+            yield from self._send(warm, start)
             yield self._warmup_done
+            start = self._warmup_end
             if self.on_measure_start is not None:
                 self.on_measure_start()
-        self.measure_start = self.env.now
-        yield from self._send(measured)
+        self.measure_start = start
+        yield from self._send(measured, start)
 
-    def _send(self, batch: list[Request]):
+    def _send(self, batch: list[Request], start: float):
+        """Send ``batch`` from the exact time ``start``; every send time is exact (a planned time or a release
+        time), never SimPy's clock, which can lag a timeout's target by one ulp (lab/engine/window.py)."""
         env = self.env
-        start = env.now
         first = batch[0].arrival_time if batch else 0.0
+        clock = start  # the sender's own exact time: a planned send time or the release that unblocked it
         for r in batch:
-            earliest = start + (r.arrival_time - first)
-            if earliest > env.now:
-                yield env.timeout(earliest - env.now)
+            planned = start + (r.arrival_time - first)
+            if planned > clock:
+                if planned > env.now:
+                    yield env.timeout(delay_until(env.now, planned))
+                clock = planned
             while self.in_flight >= self.concurrency:
                 self._slot = env.event()
                 yield self._slot
+                clock = max(clock, self._free_at)
             self.in_flight += 1
-            r.arrival_time = env.now
+            r.arrival_time = clock
             self.arrive(r)
 
     def completed(self, request: Request) -> None:
-        """A request finished or was rejected: free its slot (after the think time)."""
+        """A request finished or was rejected: free its slot (after the think time), at the exact time it ended."""
+        done = request.finish_time if request.finish_time is not None else max(self.env.now, request.arrival_time)
         if request.warmup:
             self._pending_warmup -= 1
+            self._warmup_end = max(self._warmup_end, done)
             if self._pending_warmup == 0 and self._warmup_done is not None:
                 self._warmup_done.succeed()
         if self.think_time_s > 0:
-            self.env.process(self._release_later())
+            self.env.process(self._release_later(done + self.think_time_s))
         else:
-            self._release()
+            self._release(done)
 
-    def _release_later(self):
-        yield self.env.timeout(self.think_time_s)
-        self._release()
+    def _release_later(self, at: float):
+        yield self.env.timeout(delay_until(self.env.now, at))
+        self._release(at)
 
-    def _release(self) -> None:
+    def _release(self, at: float) -> None:
+        self._free_at = max(self._free_at, at)
         self.in_flight -= 1
         slot = self._slot
         if slot is not None and not slot.triggered:
