@@ -98,3 +98,34 @@ def test_a_run_writes_vllm_bench_serve_result_json_that_validate_reads_back(tmp_
     fin = [r for r in res.requests if not r.warmup]
     e2el = sorted(r.finish_time - r.arrival_time for r in fin)
     assert sorted(back["e2el"]) == pytest.approx(e2el)  # TTFT + sum(ITL) = E2EL per request
+
+
+def test_sessions_send_each_turn_after_the_previous_answer_and_reuse_the_conversation_prefix():
+    exp = parse_experiment({"name": "s", "workload": {
+        "source": "sessions", "num_requests": 3, "rate": 1.0, "think_time_s": 0.5,
+        "turns": {"kind": "constant", "value": 3}, "prompt_tokens": {"kind": "constant", "value": 200},
+        "turn_tokens": {"kind": "constant", "value": 40}, "output_tokens": {"kind": "constant", "value": 20}},
+        "model": {"name": "Llama-3.1-8B"}, "engine": {"block_size": 16}, "simulation": {"progress": False}})
+    res = simulate(exp)
+    by_session: dict = {}
+    for r in res.requests:
+        by_session.setdefault(r.session_id, []).append(r)
+    assert len(by_session) == 3 and all(len(v) == 3 for v in by_session.values())
+    for turns in by_session.values():
+        assert [t.prompt_len for t in turns] == [200, 260, 320]  # history (prompt + answer) + 40 new tokens
+        for prev, nxt in zip(turns, turns[1:]):
+            assert nxt.arrival_time == pytest.approx(prev.finish_time + 0.5)
+            assert nxt.prompt_token_ids[:prev.prompt_len] == prev.prompt_token_ids
+            history = prev.prompt_len + prev.max_tokens
+            assert nxt.prefix_hit_tokens == history // 16 * 16  # the conversation so far hits the prefix cache
+    assert all(r.num_output_tokens == 20 for r in res.requests)
+
+
+def test_sessions_that_the_horizon_cuts_name_their_unsent_turns():
+    exp = parse_experiment({"name": "s", "workload": {
+        "source": "sessions", "num_requests": 2, "rate": 1.0, "think_time_s": 5.0,
+        "turns": {"kind": "constant", "value": 4}},
+        "model": {"name": "Llama-3.1-8B"}, "simulation": {"progress": False, "horizon_s": 3.0}})
+    res = simulate(exp)
+    unsent = [r for r in res.requests if r.reason.startswith("not sent")]
+    assert unsent and all(r.first_scheduled_time is None for r in unsent)

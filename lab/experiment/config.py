@@ -65,7 +65,7 @@ class WorkloadConfig(_Strict):
     detailed result JSON).
     """
 
-    source: Literal["synthetic", "azure", "mooncake", "llmservingsim", "csv", "vllm_bench"] = "synthetic"
+    source: Literal["synthetic", "sessions", "azure", "mooncake", "llmservingsim", "csv", "vllm_bench"] = "synthetic"
     path: str | None = None
     num_requests: int = Field(500, ge=1)
     rate: float = Field(5.0, gt=0, description="requests per second (synthetic)")
@@ -83,12 +83,21 @@ class WorkloadConfig(_Strict):
     think_time_s: float = Field(0.0, ge=0, description="closed loop: seconds between a completion and the next send")
     num_warmup: int = Field(0, ge=0, description="closed loop: leading requests sent first as a warm-up and left "
                             "out of the metrics")
+    turns: LengthSpec = Field(LengthSpec(kind="uniform", low=1, high=6, max=64),
+                              description="sessions: turns per conversation (num_requests = sessions, rate = "
+                              "sessions/s)")
+    turn_tokens: LengthSpec = Field(LengthSpec(kind="lognormal", median=100, sigma=0.8, max=4096),
+                                    description="sessions: new user tokens of each turn after the first")
 
     @model_validator(mode="after")
     def _path_needed(self) -> "WorkloadConfig":
-        if self.source != "synthetic" and not self.path:
+        if self.source not in ("synthetic", "sessions") and not self.path:
             raise ValueError(f"source {self.source!r} needs 'path' (the trace file)")
-        if (self.think_time_s or self.num_warmup) and self.concurrency is None and self.source != "vllm_bench":
+        if self.source == "sessions" and (self.concurrency is not None or self.num_warmup):
+            raise ValueError("source 'sessions' is closed-loop per conversation: 'concurrency' and 'num_warmup' do "
+                             "not apply (think_time_s does)")
+        if (self.think_time_s or self.num_warmup) and self.concurrency is None and self.source not in (
+                "vllm_bench", "sessions"):
             raise ValueError("think_time_s and num_warmup are for closed-loop workloads: set 'concurrency'")
         return self
 

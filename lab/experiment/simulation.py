@@ -34,7 +34,7 @@ from lab.core.samples import WeightedSamples
 from lab.core.request import Request, RequestStatus
 from lab.core.sched_api import SchedulerConfig
 from lab.workload import loaders, synthetic
-from lab.workload.closed_loop import ClosedLoopClients
+from lab.workload.closed_loop import ClosedLoopClients, SessionClients
 from policies import make_router, make_scheduler
 
 
@@ -129,6 +129,9 @@ def build_requests(exp: Experiment) -> list[Request]:
         lab.workload.loaders.WorkloadError: a bad trace file.
     """
     w = exp.workload
+    if w.source == "sessions":
+        sessions, _ = build_sessions(exp)
+        return [r for convo in sessions for r in convo]
     if w.source == "synthetic":
         reqs = synthetic.generate(
             w.num_requests, w.rate,
@@ -164,6 +167,24 @@ def build_requests(exp: Experiment) -> list[Request]:
         for r in reqs:
             r.arrival_time *= w.time_scale
     return reqs
+
+
+def build_sessions(exp: Experiment) -> tuple[list[list[Request]], list[float]]:
+    """The multi-turn conversations of ``source: sessions`` (lab/workload/synthetic.py ``generate_sessions``):
+    ``num_requests`` sessions starting at ``rate`` sessions/s."""
+    w = exp.workload
+    dist = lambda spec: synthetic.LengthDist(**spec.model_dump())  # noqa: E731
+    return synthetic.generate_sessions(w.num_requests, w.rate, dist(w.turns), dist(w.prompt_tokens),
+                                       dist(w.turn_tokens), dist(w.output_tokens), seed=exp.seed, cv=w.cv)
+
+
+def _group_sessions(reqs: list[Request]) -> tuple[list[list[Request]], list[float]]:
+    """Requests grouped by ``session_id`` (trace order within a session), and each session's first arrival."""
+    groups: dict[str, list[Request]] = {}
+    for r in reqs:
+        groups.setdefault(r.session_id or f"#{r.index}", []).append(r)
+    sessions = list(groups.values())
+    return sessions, [convo[0].arrival_time for convo in sessions]
 
 
 def batch_defaults(hw: Hardware) -> tuple[int, int]:
@@ -435,9 +456,13 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         nxt[0] = float("inf")
 
     concurrency = closed_loop_concurrency(exp)
-    if concurrency is not None:
-        w = exp.workload
+    w = exp.workload
+    if w.source == "sessions":
+        sessions, starts = _group_sessions(reqs)
+        clients.append(SessionClients(env, sessions, starts, arrive, w.think_time_s))
+    elif concurrency is not None:
         clients.append(ClosedLoopClients(env, reqs, concurrency, arrive, w.think_time_s, w.num_warmup, itl.clear))
+    if clients:
         for inst in instances:
             inst.finish_triggers_arrival = True
             inst.arrival_hint = inst.expected_next_arrival
@@ -454,6 +479,8 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         if spill is not None:
             spill()
         raise
+    if clients and isinstance(clients[0], SessionClients):
+        clients[0].mark_unsent()
     _mark_unfinished(reqs, run.horizon)
     return SimResult(exp, pools[0][2], reqs, instances, itl, float(env.now), time.perf_counter() - t0,
                      pools=[(cfg.name if cfg is not None else "", dep) for cfg, _, dep in pools], groups=groups,

@@ -235,6 +235,9 @@ def offered_load(exp) -> str:
     if n is not None:
         think = f", think time {w.think_time_s:g} s" if w.think_time_s else ""
         return f"closed loop, concurrency {n}{think}"
+    if w.source == "sessions":
+        think = f", think time {w.think_time_s:g} s" if w.think_time_s else ""
+        return f"{w.num_requests} multi-turn sessions starting at {w.rate:g} sessions/s{think}"
     if w.source == "synthetic":
         kind = "Poisson" if w.cv == 1.0 else f"Gamma (cv {w.cv:g})"
         return f"{kind} arrivals at {w.rate:g} req/s"

@@ -120,3 +120,70 @@ class ClosedLoopClients:
         slot = self._slot
         if slot is not None and not slot.triggered:
             slot.succeed()
+
+
+class SessionClients:
+    """Multi-turn conversations: each session sends its first turn at its start time and turn i+1 when turn i's
+    answer has come back (finished) plus ``think_time_s``; a session whose turn is rejected stops there.
+
+    Args:
+        env: the SimPy environment.
+        sessions: each session's turns, in order (lab/workload/synthetic.py ``generate_sessions``).
+        starts: each session's start time (seconds).
+        arrive: hands a request to the deployment.
+        think_time_s: seconds between an answer and the next turn (>= 0).
+
+    Raises:
+        ValueError: a negative think time, or as many start times as sessions missing.
+    """
+
+    def __init__(self, env: simpy.Environment, sessions: list[list[Request]], starts: list[float],
+                 arrive: Callable[[Request], None], think_time_s: float = 0.0) -> None:
+        if think_time_s < 0:
+            raise ValueError(f"workload.think_time_s must be >= 0, got {think_time_s}")
+        if len(starts) != len(sessions):
+            raise ValueError(f"{len(sessions)} sessions but {len(starts)} start times")
+        self.env = env
+        self.sessions = sessions
+        self.starts = starts
+        self.arrive = arrive
+        self.think_time_s = think_time_s
+        self._waiting: dict[int, simpy.Event] = {}
+        self._sent: set[int] = set()
+
+    def mark_unsent(self) -> None:
+        """Give every turn never sent (its session had not got there when the run ended) its reason."""
+        for convo in self.sessions:
+            for r in convo:
+                if r.index not in self._sent and not r.reason:
+                    r.reason = "not sent: its session had not reached this turn when the run ended"
+
+    def run(self):
+        """The SimPy process: one process per session."""
+        for convo, start in zip(self.sessions, self.starts):
+            if convo:
+                self.env.process(self._session(convo, start))
+        yield self.env.timeout(0)
+
+    def _session(self, convo: list[Request], start: float):
+        env = self.env
+        t = start
+        for k, r in enumerate(convo):
+            if t > env.now:
+                yield env.timeout(delay_until(env.now, t))
+            r.arrival_time = t
+            self._sent.add(r.index)
+            done = self._waiting[r.index] = env.event()
+            self.arrive(r)
+            yield done
+            if r.finish_time is None:  # rejected: the conversation stops; its later turns are never sent
+                for later in convo[k + 1:]:
+                    later.reason = f"not sent: turn {k + 1} of its session was rejected"
+                return
+            t = r.finish_time + self.think_time_s
+
+    def completed(self, request: Request) -> None:
+        """A turn finished or was rejected: its session may go on."""
+        ev = self._waiting.pop(request.index, None)
+        if ev is not None:
+            ev.succeed()

@@ -114,3 +114,49 @@ def generate(num_requests: int, rate: float, prompt: LengthDist, output: LengthD
     o = output.sample(rng, num_requests)
     prio = rng.integers(0, num_priorities, num_requests) if num_priorities > 1 else np.zeros(num_requests, int)
     return [Request(i, float(t[i]), int(p[i]), int(o[i]), priority=int(prio[i])) for i in range(num_requests)]
+
+
+def generate_sessions(num_sessions: int, rate: float, turns: LengthDist, first_prompt: LengthDist,
+                      turn_tokens: LengthDist, output: LengthDist, seed: int = 0,
+                      cv: float = 1.0) -> tuple[list[list[Request]], list[float]]:
+    """Generate multi-turn conversations: ``num_sessions`` sessions starting at ``rate`` sessions/s, each with a
+    number of turns drawn from ``turns``. Turn 1's prompt has ``first_prompt`` tokens; turn i+1's prompt is the
+    whole conversation so far (every earlier prompt and answer) plus ``turn_tokens`` new tokens, so the prefix cache
+    sees the reuse: every token has an id, unique to its session, and answers carry their ids too.
+
+    Returns:
+        (the sessions, each a list of its turns' requests in order, indices running over all turns; the sessions'
+        start times in seconds). A turn's ``arrival_time`` is its session's start until it is sent (closed loop).
+
+    Raises:
+        ValueError: as :func:`generate`, or a bad length distribution.
+    """
+    _check_args(num_sessions, rate, cv, 1)
+    rng = np.random.default_rng([seed, 0x5E55])
+    if cv == 1.0:
+        gaps = rng.exponential(1.0 / rate, num_sessions)
+    else:
+        shape = 1.0 / (cv * cv)
+        gaps = rng.gamma(shape, 1.0 / (rate * shape), num_sessions)
+    gaps[0] = 0.0
+    starts = np.cumsum(gaps).tolist()
+    n_turns = turns.sample(rng, num_sessions)
+    sessions: list[list[Request]] = []
+    next_id = 0
+    index = 0
+    for s in range(num_sessions):
+        history: list[int] = []
+        convo: list[Request] = []
+        for k in range(int(n_turns[s])):
+            new = int((first_prompt if k == 0 else turn_tokens).sample(rng, 1)[0])
+            out = int(output.sample(rng, 1)[0])
+            prompt_ids = history + list(range(next_id, next_id + new))
+            out_ids = list(range(next_id + new, next_id + new + out))
+            next_id += new + out
+            r = Request(index, starts[s], len(prompt_ids), out, request_id=f"s{s}.t{k}",
+                        prompt_token_ids=prompt_ids, output_token_ids=out_ids, session_id=f"s{s}")
+            convo.append(r)
+            history = prompt_ids + out_ids
+            index += 1
+        sessions.append(convo)
+    return sessions, starts
