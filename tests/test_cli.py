@@ -133,3 +133,18 @@ def test_set_overrides_write_beside_the_base_report_and_the_offered_load_is_stat
     assert out.is_dir() and not (tmp_path / "reports" / "demo").exists()
     assert _json.loads((out / "summary.json").read_text())["offered_load"] == "Poisson arrivals at 12 req/s"
     assert "offered: Poisson arrivals at 12 req/s" in res.output
+
+
+def test_changing_the_gpu_says_which_pinned_limits_stay(tmp_path, monkeypatch):
+    from pathlib import Path as _Path
+
+    from typer.testing import CliRunner
+
+    from lab.cli.main import app
+
+    exp = _Path(__file__).resolve().parent.parent / "experiments" / "demo.yaml"
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["run", str(exp), "--set", "hardware.gpu=H200-SXM-141GB", "--set",
+                                   "workload.num_requests=10", "-q", "--no-plots"])
+    assert res.exit_code == 0, res.output
+    assert "engine.max_num_seqs stays 256" in res.output and "default for H200-SXM-141GB is 1024" in res.output

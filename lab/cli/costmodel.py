@@ -7,6 +7,8 @@ Like lab/cli/main.py, each command imports what it needs in its own body (fast `
 
 from __future__ import annotations
 
+import sys
+
 import json
 import shlex
 from pathlib import Path
@@ -16,8 +18,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
-err_console = Console(stderr=True)
+console = Console(width=None if sys.stdout.isatty() else 160)  # piped: wide enough that tables are not truncated
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def _fail(msg: str) -> None:

@@ -39,9 +39,29 @@ def _load(path: Path, data_dir: Optional[Path], sets: Optional[list[str]]):
     from lab.experiment.config import ConfigError, load_experiment, parse_set_option
 
     try:
-        return load_experiment(path, data_dir, parse_set_option(sets or []))
+        overrides = parse_set_option(sets or [])
+        exp = load_experiment(path, data_dir, overrides)
     except ConfigError as e:
         _fail(str(e))
+    if "gpu" in (overrides.get("hardware") or {}):
+        _note_pinned_limits(exp, overrides)
+    return exp
+
+
+def _note_pinned_limits(exp, overrides: dict) -> None:
+    """``--set hardware.gpu=...`` keeps engine limits the file pins for another GPU: say so, with vLLM's defaults
+    for the new GPU (lab/experiment/simulation.py ``batch_defaults``)."""
+    from lab.costmodel.hardware import load_hardware
+    from lab.experiment.simulation import batch_defaults
+
+    set_engine = overrides.get("engine") or {}
+    mbt, seqs = batch_defaults(load_hardware(exp.hardware.gpu))
+    for field, default in (("max_num_batched_tokens", mbt), ("max_num_seqs", seqs)):
+        value = getattr(exp.engine, field)
+        if value is not None and field not in set_engine and value != default:
+            err_console.print(f"note: engine.{field} stays {value} as the file sets it; vLLM's default for "
+                              f"{exp.hardware.gpu} is {default} (--set engine.{field}=... to change it)",
+                              highlight=False)
 
 
 def _simulate(exp, show_progress: bool = True):
