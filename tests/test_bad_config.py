@@ -70,6 +70,9 @@ AT_LOAD = [
                      "transfer": {"protocol": "carrier_pigeon"}}}, "protocol"),
     ({"deployment": {"mode": "disaggregated", "prefill": {}, "decode": {},
                      "transfer": {"bandwidth_gbps": 0}}}, "bandwidth_gbps"),
+    ({"deployment": {"mode": "disaggregated", "prefill": {}, "decode": {}}, "cluster.num_instances": 2},
+     "deployment.prefill.count"),
+    ({"workload.turns": {"kind": "constant", "value": 3}}, "for source 'sessions'"),
 ]
 
 # refused when the deployment is built (needs the model and GPU facts)

@@ -93,6 +93,7 @@ def test_pinned_prefill_blocks_are_freed_after_the_read():
     assert p.num_pinned_blocks == 0
     assert p.kv.num_free_blocks == p.kv.pool.num_gpu_blocks - 1  # all blocks back in the free queue
     assert res.cluster.bytes_transferred == pytest.approx(30 * 1000 * 131072)
+    assert res.cluster.links[1].bytes_sent == pytest.approx(res.cluster.bytes_transferred)
 
 
 def test_a_lease_that_expires_before_d_can_read_makes_d_recompute():
@@ -134,3 +135,5 @@ def test_disaggregated_config_errors():
         _pd(deployment={"mode": "disaggregated", "prefill": {"count": 1}})
     with pytest.raises(ConfigError, match="remove 'pools'"):
         _pd(pools=[{"name": "a"}])
+    with pytest.raises(ConfigError, match="set deployment.prefill.count"):
+        _pd(cluster={"num_instances": 2})

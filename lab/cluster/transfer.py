@@ -39,6 +39,7 @@ class Link:
         self.bandwidth = float(bandwidth)
         self.name = name
         self._active: dict[simpy.Event, float] = {}  # completion event -> bytes left
+        self._size: dict[simpy.Event, float] = {}  # completion event -> bytes of the transfer
         self._last = 0.0
         self._generation = 0
         self.bytes_sent = 0.0
@@ -53,6 +54,7 @@ class Link:
             return done
         self._advance()
         self._active[done] = float(nbytes)
+        self._size[done] = float(nbytes)
         self.peak_concurrent = max(self.peak_concurrent, len(self._active))
         self._reschedule()
         return done
@@ -87,6 +89,7 @@ class Link:
         tol = max(_EPS, 1e-9 * self.bandwidth)
         for ev in [e for e, left in active.items() if left <= tol]:
             del active[ev]
+            self.bytes_sent += self._size.pop(ev)
             ev.succeed()
         self._reschedule()
 

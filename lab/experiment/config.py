@@ -56,6 +56,10 @@ class ArrivalOverride(_Strict):
     column: str = "arrival_rel_s"
 
 
+_DEFAULT_TURNS = LengthSpec(kind="uniform", low=1, high=6, max=64)
+_DEFAULT_TURN_TOKENS = LengthSpec(kind="lognormal", median=100, sigma=0.8, max=4096)
+
+
 class WorkloadConfig(_Strict):
     """Which requests arrive when.
 
@@ -83,10 +87,10 @@ class WorkloadConfig(_Strict):
     think_time_s: float = Field(0.0, ge=0, description="closed loop: seconds between a completion and the next send")
     num_warmup: int = Field(0, ge=0, description="closed loop: leading requests sent first as a warm-up and left "
                             "out of the metrics")
-    turns: LengthSpec = Field(LengthSpec(kind="uniform", low=1, high=6, max=64),
+    turns: LengthSpec = Field(_DEFAULT_TURNS,
                               description="sessions: turns per conversation (num_requests = sessions, rate = "
                               "sessions/s)")
-    turn_tokens: LengthSpec = Field(LengthSpec(kind="lognormal", median=100, sigma=0.8, max=4096),
+    turn_tokens: LengthSpec = Field(_DEFAULT_TURN_TOKENS,
                                     description="sessions: new user tokens of each turn after the first")
 
     @model_validator(mode="after")
@@ -96,9 +100,12 @@ class WorkloadConfig(_Strict):
         if self.source == "sessions" and (self.concurrency is not None or self.num_warmup):
             raise ValueError("source 'sessions' is closed-loop per conversation: 'concurrency' and 'num_warmup' do "
                              "not apply (think_time_s does)")
+        if self.source != "sessions" and (self.turns != _DEFAULT_TURNS or self.turn_tokens != _DEFAULT_TURN_TOKENS):
+            raise ValueError("turns and turn_tokens are for source 'sessions'")
         if (self.think_time_s or self.num_warmup) and self.concurrency is None and self.source not in (
                 "vllm_bench", "sessions"):
-            raise ValueError("think_time_s and num_warmup are for closed-loop workloads: set 'concurrency'")
+            raise ValueError("think_time_s and num_warmup are for closed-loop workloads: set 'concurrency' (or use "
+                             "source 'sessions')")
         return self
 
 
@@ -489,6 +496,9 @@ class Experiment(_Strict):
             return self
         if self.pools:
             raise ValueError("deployment.mode 'disaggregated' builds its own pools; remove 'pools'")
+        if "num_instances" in self.cluster.model_fields_set and self.cluster.num_instances != 1:
+            raise ValueError("cluster.num_instances does not apply with deployment.mode 'disaggregated': set "
+                             "deployment.prefill.count and deployment.decode.count")
         roles = []
         for name, role in (("prefill", d.prefill), ("decode", d.decode)):
             assert role is not None
@@ -536,7 +546,8 @@ def _format_errors(source: str, err: ValidationError) -> str:
         loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
         got = e.get("input")
         got_s = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  {loc}: {e['msg']}{got_s}")
+        msg = e["msg"].removeprefix("Value error, ")  # our own validators' messages, without pydantic's prefix
+        lines.append(f"  {loc}: {msg}{got_s}")
     return "\n".join(lines)
 
 

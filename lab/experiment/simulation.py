@@ -565,8 +565,8 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
                             drop_last_hit_block=spec_setup.drops_last_hit_block(exp))
         scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir, exp.policy.options, exp.seed)
         if exp.speculative is not None and not scheduler.supports_speculation:
-            raise ValueError(f"speculative: scheduler {exp.policy.scheduler!r} does not schedule drafts "
-                             "(supports_speculation is False); use vllm_v1, sjf or sglang")
+            raise ValueError(f"speculative: scheduler {exp.policy.scheduler!r} does not support speculative decoding "
+                             "(it does not schedule drafts); use vllm_v1, sjf or sglang")
         inst = Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
                         record_events=run.record_events, options=options, pool=pool, start=own_loop,
                         acceptance=spec_setup.make_speculator(exp, dep.model))

@@ -79,6 +79,8 @@ def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
             ",".join(map(str, r.served_by)), r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens,
         ))
     df = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
+    if any(r.session_id is not None for r in requests):
+        df["session_id"] = [r.session_id or "" for r in requests]
     if any(r.warmup for r in requests):
         df["warmup"] = [r.warmup for r in requests]
     if any(r.remote is not None for r in requests):

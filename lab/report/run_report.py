@@ -138,7 +138,7 @@ def collect(result: SimResult, steps: pd.DataFrame | None = None) -> tuple[pd.Da
         "data_parallel_size": exp.hardware.data_parallel_size,
         "scheduler": exp.policy.scheduler, "queue": exp.policy.queue, "cost_model": dep.cost_model.name,
         "scheduler_options": dict(exp.policy.options), "preemption": exp.policy.preemption.model_dump(),
-        "num_instances": exp.cluster.num_instances, "router": exp.cluster.router,
+        "router": exp.cluster.router,
         "num_gpu_blocks": dep.num_gpu_blocks, "block_size": exp.engine.block_size,
         "num_gpu_blocks_source": "config" if dep.kv_capacity is None else "derived",
         "max_num_batched_tokens": dep.scheduler_config.max_num_batched_tokens,
