@@ -91,7 +91,7 @@ def test_a_run_writes_vllm_bench_serve_result_json_that_validate_reads_back(tmp_
     res = simulate(_exp(concurrency=4, num_warmup=2))
     write_report(res, tmp_path / "out", plots=False)
     d = json.loads((tmp_path / "out" / "bench_result.json").read_text())
-    assert d["completed"] == 38 and d["max_concurrency"] == 4 and d["request_rate"] == "inf"
+    assert d["completed"] == 38 and d["max_concurrency"] == 4 and d["request_rate"] == "inf" and d["num_warmups"] == 2
     for key in ("mean_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_itl_ms", "output_throughput", "duration"):
         assert key in d
     back = _load_vllm_bench(tmp_path / "out" / "bench_result.json")

@@ -233,7 +233,7 @@ def summarize(df: pd.DataFrame, itl, steps: pd.DataFrame | None = None, horizon:
 
 def vllm_bench_result(df: pd.DataFrame, summary: dict, itl, percentiles: Sequence[float] = (99,),
                       max_concurrency: int | None = None, request_rate: float | None = None,
-                      model_id: str = "") -> dict:
+                      model_id: str = "", num_warmups: int = 0) -> dict:
     """The run as ``vllm bench serve --save-result --save-detailed`` writes it (benchmarks/serve.py): the same
     keys and units (milliseconds for latencies, seconds for ``duration``, ``ttfts`` and ``itls``), so dashboards and
     ``servelab validate`` read a simulated run like a measured one.
@@ -244,7 +244,8 @@ def vllm_bench_result(df: pd.DataFrame, summary: dict, itl, percentiles: Sequenc
     requests (warm-up excluded); ``summary``: :func:`summarize` of them."""
     fin = df[df["status"] == "finished"]
     out: dict = {
-        "model_id": model_id, "num_prompts": int(len(df)), "request_rate": request_rate if request_rate else "inf",
+        "model_id": model_id, "num_prompts": int(len(df)), "num_warmups": num_warmups,
+        "request_rate": request_rate if request_rate else "inf",
         "max_concurrency": max_concurrency, "duration": summary["duration_s"], "completed": int(len(fin)),
         "total_input_tokens": summary["total_input_tokens"], "total_output_tokens": summary["total_output_tokens"],
         "request_throughput": summary["request_throughput"], "output_throughput": summary["output_token_throughput"],

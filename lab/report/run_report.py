@@ -255,7 +255,7 @@ def bench_result(result: SimResult, req: pd.DataFrame, summary: dict) -> dict:
     open_rate = w.source == "synthetic" and (w.concurrency is None or "rate" in w.model_fields_set)
     rate = w.rate if open_rate else None
     return vllm_bench_result(measured, summary, result.itl_samples, (50, 90, 99), closed_loop_concurrency(exp),
-                             rate, result.deployment.model.name)
+                             rate, result.deployment.model.name, int(len(req) - len(measured)))
 
 
 class OutputDirError(ValueError):

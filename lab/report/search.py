@@ -246,10 +246,20 @@ def run_search(spec: SearchSpec, where: Path, data_dir: str | Path | None = None
                                           -(r.value or 0) if maximize else (r.value or 0)))
 
 
+def slo_text(slo: SearchSLO) -> str:
+    """The SLO in words, e.g. "p90 TTFT <= 500 ms and p90 TPOT <= 50 ms"."""
+    bounds = [(name, v) for name, v in (("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s), ("E2EL", slo.e2el_s))
+              if v is not None]
+    if slo.percentile is not None:
+        return " and ".join(f"p{slo.percentile:g} {name} <= {v * 1e3:g} ms" for name, v in bounds)
+    joint = " and ".join(f"{name} <= {v * 1e3:g} ms" for name, v in bounds)
+    return f"at least {slo.attainment * 100:g} % of requests with {joint}"
+
+
 def search_markdown(spec: SearchSpec, results: list[SearchResult]) -> str:
     """The answer as a Markdown table: one row per candidate, cheapest first, with the probes each took."""
     dotted = spec.field or _FIELDS[spec.find]
-    lines = [f"# {spec.name}: {spec.find} ({dotted})", "", f"SLO: {spec.slo.model_dump(exclude_none=True)}", "",
+    lines = [f"# {spec.name}: {spec.find} ({dotted})", "", f"SLO: {slo_text(spec.slo)}.", "",
              f"| candidate | {spec.find} | GPUs | probes |", "|---|---:|---:|---:|"]
     for r in results:
         val = (f"cannot run: {r.error}" if r.error else "not met in the bracket" if r.value is None
