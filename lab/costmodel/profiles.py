@@ -125,7 +125,7 @@ def _checked(where: Path, df: pd.DataFrame, spec: dict[str, str], first_row: int
     return out
 
 
-def _blank_rows(df: pd.DataFrame) -> np.ndarray:
+def blank_rows(df: pd.DataFrame) -> np.ndarray:
     """Rows whose every cell is empty (blank lines, read with ``keep_default_na=False`` so that a cell written
     ``nan`` stays a value to reject, not a blank)."""
     blank = np.ones(len(df), dtype=bool)
@@ -158,7 +158,7 @@ def _read_csv(path: Path, spec: dict[str, str]) -> pd.DataFrame:
         raise ProfileError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); expected a UTF-8 CSV") from None
     except (OSError, EOFError, zlib.error) as e:
         raise ProfileError(f"{path}: cannot read the file ({_one_line(e) or type(e).__name__})") from None
-    df = df[~_blank_rows(df)]
+    df = df[~blank_rows(df)]
     if df.empty:
         raise ProfileError(f"{path}: no measurements (only a header row); expected one row per measurement")
     return _checked(path, df, spec)

@@ -234,32 +234,32 @@ class HandOffConfig(_Strict):
     delay_s: float = Field(0.0, ge=0, description="seconds between leaving this pool and arriving in the next")
 
 
-class PoolConfig(_Strict):
+class _PoolSections(_Strict):
+    """What a pool (or a disaggregated role) changes: experiment sections merged over the experiment's own, and
+    its router."""
+
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    engine: dict[str, Any] = Field(default_factory=dict)
+    policy: dict[str, Any] = Field(default_factory=dict)
+    cost_model: dict[str, Any] = Field(default_factory=dict)
+    router: str | None = Field(None, description="router among its instances (default: cluster.router)")
+    router_options: dict[str, Any] | None = None
+
+
+class PoolConfig(_PoolSections):
     """One pool of a multi-pool deployment: its instance count, where its requests go next, and the experiment
     sections it changes (each is merged over the experiment's own section of that name)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     num_instances: int = Field(1, ge=1)
     hand_off: HandOffConfig | None = None
-    hardware: dict[str, Any] = Field(default_factory=dict)
-    engine: dict[str, Any] = Field(default_factory=dict)
-    policy: dict[str, Any] = Field(default_factory=dict)
-    cost_model: dict[str, Any] = Field(default_factory=dict)
-    router: str | None = Field(None, description="router among this pool's instances (default: cluster.router)")
-    router_options: dict[str, Any] | None = None
 
 
-class PDRoleConfig(_Strict):
+class PDRoleConfig(_PoolSections):
     """The prefill or the decode side of a disaggregated deployment: how many instances, and the experiment
     sections it changes (merged over the experiment's own, as a pool's are)."""
 
     count: int = Field(1, ge=1, description="instances of this role")
-    hardware: dict[str, Any] = Field(default_factory=dict)
-    engine: dict[str, Any] = Field(default_factory=dict)
-    policy: dict[str, Any] = Field(default_factory=dict)
-    cost_model: dict[str, Any] = Field(default_factory=dict)
-    router: str | None = Field(None, description="router among this role's instances (default: cluster.router)")
-    router_options: dict[str, Any] | None = None
 
 
 class TransferConfig(_Strict):

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from lab.core.request import Request
+from lab.costmodel.profiles import blank_rows
 
 MOONCAKE_BLOCK = 512  # tokens per Mooncake hash_ids entry
 
@@ -72,18 +73,6 @@ def _check_columns(path: Path, df: pd.DataFrame, need: Iterable[str]) -> None:
         raise WorkloadError(f"{path}: missing column(s) {missing}; found {list(df.columns)}")
 
 
-def _blank_rows(df: pd.DataFrame) -> np.ndarray:
-    """Rows whose every cell is empty (blank lines, read with ``keep_default_na=False`` so that a cell written
-    ``nan`` stays a value to reject, not a blank)."""
-    blank = np.ones(len(df), dtype=bool)
-    for c in df.columns:
-        s = df[c]
-        if not (pd.api.types.is_object_dtype(s) or pd.api.types.is_string_dtype(s)):
-            return np.zeros(len(df), dtype=bool)
-        blank &= (s.astype(str).str.strip() == "").to_numpy()
-    return blank
-
-
 def _read_csv(path: Path, need: Iterable[str] = ()) -> pd.DataFrame:
     """Read a CSV trace with at least one data row and the columns ``need``. Blank lines are skipped but still
     counted, so ``df.index + 2`` is each row's line number.
@@ -105,7 +94,7 @@ def _read_csv(path: Path, need: Iterable[str] = ()) -> pd.DataFrame:
         raise WorkloadError(f"{path}: not a well-formed CSV (line 2 has more fields than the header)") from None
     except (UnicodeDecodeError, OSError, EOFError, zlib.error) as e:
         raise _unreadable(path, e) from None
-    df = df[~_blank_rows(df)]
+    df = df[~blank_rows(df)]
     if df.empty:
         raise WorkloadError(f"{path}: no requests (only a header row)")
     _check_columns(path, df, need)

@@ -85,6 +85,18 @@ def _check_args(num_requests, rate, cv, num_priorities) -> None:
         raise ValueError(f"num_priorities must be an integer >= 1, got {num_priorities!r}")
 
 
+def _arrival_times(rng: np.random.Generator, n: int, rate: float, cv: float) -> np.ndarray:
+    """``n`` arrival times (seconds), the first at 0: exponential gaps at ``rate`` per second (Poisson), or Gamma
+    gaps with coefficient of variation ``cv``."""
+    if cv == 1.0:
+        gaps = rng.exponential(1.0 / rate, n)
+    else:
+        shape = 1.0 / (cv * cv)
+        gaps = rng.gamma(shape, 1.0 / (rate * shape), n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
 def generate(num_requests: int, rate: float, prompt: LengthDist, output: LengthDist, seed: int = 0,
              cv: float = 1.0, num_priorities: int = 1) -> list[Request]:
     """Generate ``num_requests`` requests arriving at ``rate`` req/s, the first at t = 0.
@@ -103,13 +115,7 @@ def generate(num_requests: int, rate: float, prompt: LengthDist, output: LengthD
     """
     _check_args(num_requests, rate, cv, num_priorities)
     rng = np.random.default_rng(seed)
-    if cv == 1.0:
-        gaps = rng.exponential(1.0 / rate, num_requests)
-    else:
-        shape = 1.0 / (cv * cv)
-        gaps = rng.gamma(shape, 1.0 / (rate * shape), num_requests)
-    gaps[0] = 0.0
-    t = np.cumsum(gaps)
+    t = _arrival_times(rng, num_requests, rate, cv)
     p = prompt.sample(rng, num_requests)
     o = output.sample(rng, num_requests)
     prio = rng.integers(0, num_priorities, num_requests) if num_priorities > 1 else np.zeros(num_requests, int)
@@ -133,13 +139,7 @@ def generate_sessions(num_sessions: int, rate: float, turns: LengthDist, first_p
     """
     _check_args(num_sessions, rate, cv, 1)
     rng = np.random.default_rng([seed, 0x5E55])
-    if cv == 1.0:
-        gaps = rng.exponential(1.0 / rate, num_sessions)
-    else:
-        shape = 1.0 / (cv * cv)
-        gaps = rng.gamma(shape, 1.0 / (rate * shape), num_sessions)
-    gaps[0] = 0.0
-    starts = np.cumsum(gaps).tolist()
+    starts = _arrival_times(rng, num_sessions, rate, cv).tolist()
     n_turns = turns.sample(rng, num_sessions)
     sessions: list[list[Request]] = []
     next_id = 0
