@@ -148,3 +148,49 @@ def test_changing_the_gpu_says_which_pinned_limits_stay(tmp_path, monkeypatch):
                                    "workload.num_requests=10", "-q", "--no-plots"])
     assert res.exit_code == 0, res.output
     assert "engine.max_num_seqs stays 256" in res.output and "default for H200-SXM-141GB is 1024" in res.output
+
+
+def test_every_option_of_every_command_has_help_text():
+    """A flag without a description in `--help` is a first-contact defect (issue 14)."""
+    import typer.main
+
+    def options_without_help(command, path):
+        subcommands = getattr(command, "commands", None)
+        if subcommands:
+            for name, sub in subcommands.items():
+                yield from options_without_help(sub, path + [name])
+            return
+        for p in command.params:
+            if p.param_type_name == "option" and p.name != "help" and not p.help:
+                yield f"{' '.join(path)} {'/'.join(p.opts)}"
+
+    assert list(options_without_help(typer.main.get_command(app), [])) == []
+
+
+def test_profile_help_shows_the_extra_in_brackets():
+    result = CliRunner().invoke(app, ["profile", "--help"], terminal_width=200)
+    assert "servelab[profile]" in result.output
+
+
+def test_percentile_options_choose_the_vllm_keys_and_the_console_block(tmp_path):
+    """`--percentile-metrics ttft,e2el --metric-percentiles 95,99.9` as `vllm bench serve` takes them: only those
+    metrics get statistics keys in bench_result.json, and the printed block shows those percentiles."""
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["run", str(REPO / "experiments" / "demo.yaml"), "--out", str(out), "-q", "--no-plots",
+                              "--set", "workload.num_requests=40", "--percentile-metrics", "ttft,e2el",
+                              "--metric-percentiles", "95,99.9"], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    bench = json.loads((out / "bench_result.json").read_text())
+    assert {"p95_ttft_ms", "p99.9_ttft_ms", "p95_e2el_ms", "mean_e2el_ms"} <= set(bench)
+    assert not any(k.endswith(("_tpot_ms", "_itl_ms")) for k in bench)
+    assert "Serving Benchmark Result" in res.output and "P99.9 TTFT (ms):" in res.output
+    assert f"{bench['p95_ttft_ms']:.2f}" in res.output and "Mean TPOT" not in res.output
+
+
+@pytest.mark.parametrize("flag, value", [("--percentile-metrics", "ttft,latency"), ("--metric-percentiles", "100"),
+                                         ("--metric-percentiles", "p99")])
+def test_bad_percentile_options_fail_in_one_line(tmp_path, flag, value):
+    res = runner.invoke(app, ["run", str(REPO / "experiments" / "demo.yaml"), "--out", str(tmp_path / "o"), "-q",
+                              flag, value])
+    assert res.exit_code == 2
+    assert flag in res.output and value in res.output and "Traceback" not in res.output

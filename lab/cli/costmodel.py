@@ -102,15 +102,18 @@ def cost(experiment: Optional[Path] = typer.Argument(None, help="experiment YAML
          model: Optional[str] = typer.Option(None, "--model", help="catalog model (without an experiment)"),
          hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="a Hugging Face config.json"),
          gpu: Optional[str] = typer.Option(None, "--gpu", help="catalog GPU (without an experiment)"),
-         tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"), ep: int = typer.Option(1, "--ep"),
-         dp: int = typer.Option(1, "--dp"),
+         tp: int = typer.Option(1, "--tp", help="tensor-parallel size"),
+         pp: int = typer.Option(1, "--pp", help="pipeline stages"),
+         ep: int = typer.Option(1, "--ep", help="expert-parallel size"),
+         dp: int = typer.Option(1, "--dp", help="attention data-parallel ranks"),
          dtype: str = typer.Option("bf16", "--dtype", help="weight dtype: bf16 or fp8"),
          kv_dtype: str = typer.Option("auto", "--kv-dtype", help="auto (= dtype), bf16 or fp8"),
          tables: Optional[list[Path]] = typer.Option(None, "--tables", help="measured profile folder (repeatable)"),
          coefficients: Optional[Path] = typer.Option(None, "--coefficients", help="fitted curves (default shipped)"),
          prefill: Optional[list[str]] = typer.Option(None, "--prefill", help="prefill chunk NEW[:CACHED] (repeatable)"),
          decode: Optional[list[str]] = typer.Option(None, "--decode", help="decodes COUNT:KV_LENGTH (repeatable)"),
-         data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
+         data_dir: Optional[Path] = typer.Option(None, "--data-dir",
+                                                  help="shared data folder (default $SERVELAB_DATA_DIR or ../shared/data)"),
          as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
     """Print the step time of one batch shape, operator by operator, with each operator's source."""
     from lab.core.batch import BatchShape
@@ -192,7 +195,7 @@ def profile(out: Path = typer.Option(..., "--out", "-o", help="folder to write (
             repeats: int = typer.Option(20, "--repeats", help="timed runs per shape (median kept)"),
             gpu: Optional[str] = typer.Option(None, "--gpu", help="catalog name to record (default: the device's name)")) -> None:
     """Measure operator tables on this machine's GPU with PyTorch (needs the optional extra: pip install
-    'servelab[profile]'), in the format `servelab calibrate` and `cost_model.tables` read."""
+    'servelab\\[profile]'), in the format `servelab calibrate` and `cost_model.tables` read."""
     from lab.costmodel.profiler import ProfilerUnavailable, run_profile
 
     try:
@@ -206,7 +209,8 @@ def profile(out: Path = typer.Option(..., "--out", "-o", help="folder to write (
 
 
 def costcheck(what: str = typer.Argument("all", help="cross-source, splitwise or all"),
-              data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
+              data_dir: Optional[Path] = typer.Option(None, "--data-dir",
+                                                  help="shared data folder (default $SERVELAB_DATA_DIR or ../shared/data)"),
               out: Optional[Path] = typer.Option(None, "--out", "-o", help="folder for the CSV/Markdown results")) -> None:
     """Accuracy checks of the operator cost model against shared measurements: the same Llama-3.1-8B/H100 step
     from AIConfigurator, Vidur and LLMServingSim data, and Splitwise's end-to-end Llama-2-70B prefill/decode."""

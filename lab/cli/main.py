@@ -7,6 +7,7 @@ instead of paying every command's imports.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -25,6 +26,8 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 EXPERIMENT_ARG = typer.Argument(..., help="experiment YAML file", exists=False)
 OUT_OPT = typer.Option(None, "--out", "-o", help="output folder (default reports/<experiment name>/)")
 DATA_OPT = typer.Option(None, "--data-dir", help="shared data folder (default $SERVELAB_DATA_DIR or ../shared/data)")
+NO_PLOTS_OPT = typer.Option(False, "--no-plots", help="write tables only, no PNG plots")
+QUIET_OPT = typer.Option(False, "--quiet", "-q", help="no progress bar")
 SET_OPT = typer.Option(None, "--set", help="override a field, e.g. --set engine.max_num_seqs=64 (repeatable)")
 
 
@@ -127,12 +130,19 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
 
 @app.command()
 def run(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, data_dir: Optional[Path] = DATA_OPT,
-        set_: Optional[list[str]] = SET_OPT, no_plots: bool = typer.Option(False, "--no-plots"),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")) -> None:
+        set_: Optional[list[str]] = SET_OPT, no_plots: bool = NO_PLOTS_OPT,
+        quiet: bool = QUIET_OPT,
+        percentile_metrics: Optional[str] = typer.Option(
+            None, "--percentile-metrics", help="as vllm bench serve: metrics given percentiles, e.g. ttft,tpot,itl "
+            "(default: the file's output.percentile_metrics)"),
+        metric_percentiles: Optional[str] = typer.Option(
+            None, "--metric-percentiles", help="as vllm bench serve: percentiles, e.g. 90,99 "
+            "(default: the file's output.metric_percentiles)")) -> None:
     """Run an experiment and write its report (into a temporary folder that replaces the output folder at the end)."""
     from lab.report.run_report import OutputDirError, write_report
 
     exp = _load(experiment, data_dir, set_)
+    _apply_percentile_options(exp, experiment, percentile_metrics, metric_percentiles)
     out_dir = _checked_out_dir(exp, out, set_)  # before simulating: --out at a file fails at once
     result = _simulate(exp, not quiet)
     try:
@@ -144,6 +154,37 @@ def run(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, data_d
     finally:
         result.cleanup()  # the step log's spill folder
     _print_summary(summary, out_dir)
+    _print_vllm_block(exp, out_dir)
+
+
+def _apply_percentile_options(exp, path: Path, metrics: Optional[str], percentiles: Optional[str]) -> None:
+    """``--percentile-metrics`` / ``--metric-percentiles`` replace the experiment's output fields (checked as the
+    file's fields are; a bad value is a one-line error). They change what is reported, not the run, so unlike
+    ``--set`` they keep the report folder."""
+    from pydantic import ValidationError
+
+    from lab.experiment.config import OutputConfig
+
+    if metrics is None and percentiles is None:
+        return
+    fields = exp.output.model_dump()
+    fields.update({k: v for k, v in (("percentile_metrics", metrics), ("metric_percentiles", percentiles))
+                   if v is not None})
+    try:
+        exp.output = OutputConfig.model_validate(fields)
+    except ValidationError as e:
+        err = e.errors()[0]
+        _fail(f"{path}: --{str(err['loc'][0]).replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}")
+
+
+def _print_vllm_block(exp, out_dir: Path) -> None:
+    """The ``vllm bench serve`` summary block of the run, from its bench_result.json."""
+    from lab.report.vllm_format import serving_result_block
+
+    path = out_dir / "bench_result.json"
+    if path.is_file():
+        block = serving_result_block(json.loads(path.read_text()), exp.output.metrics(), exp.output.percentiles())
+        console.print(block, highlight=False, markup=False)
 
 
 def _checked_out_dir(exp, out: Optional[Path], set_: Optional[list[str]] = None) -> Path:
@@ -159,8 +200,8 @@ def _checked_out_dir(exp, out: Optional[Path], set_: Optional[list[str]] = None)
 
 @app.command()
 def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, data_dir: Optional[Path] = DATA_OPT,
-             set_: Optional[list[str]] = SET_OPT, no_plots: bool = typer.Option(False, "--no-plots"),
-             quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+             set_: Optional[list[str]] = SET_OPT, no_plots: bool = NO_PLOTS_OPT,
+             quiet: bool = QUIET_OPT) -> None:
     """Run an experiment and compare it with the measured run it names (validation.measured): latency errors,
     per-request error distributions, queue/KV time series and where the simulated time goes."""
     from lab.report.run_report import OutputDirError
@@ -198,8 +239,9 @@ def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, d
     kv = report.get("kv_capacity") or {}
     console.print(f"KV blocks: simulated with {kv.get('used')}, derived {kv.get('derived')}, measured "
                   f"{kv.get('measured')}")
+    plotted = " and PNG plots" if exp.output.plots and not no_plots else ""
     console.print(f"wrote {out_dir}/validation.md, validation.json, validation_requests.csv, "
-                  "validation_timeseries.csv and PNG plots")
+                  f"validation_timeseries.csv{plotted}")
 
 
 def _simulate_with_breakdown(exp, show_progress: bool):
@@ -228,7 +270,8 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
                                                  help="stretch the trace's arrival times (both simulators)"),
           vidur_attention_file: Optional[Path] = typer.Option(
               None, "--vidur-attention-file", help="attention profile for Vidur, if its checkout lacks data/profiling/.../attention.csv"),
-          fast_forward: bool = typer.Option(True, "--fast-forward/--no-fast-forward")) -> None:
+          fast_forward: bool = typer.Option(True, "--fast-forward/--no-fast-forward",
+                                            help="jump over predictable decode stretches (exact); off: step by step")) -> None:
     """Time the simulator on fixed workloads and print a table (wall time, simulated s per wall s, requests and
     steps per wall s, peak memory), beside Vidur's reference figures or a Vidur run."""
     from lab.report.bench import VIDUR_REFERENCE, WORKLOADS, run_vidur, run_workload, vidur_equivalent, vidur_trace_as_csv
@@ -295,7 +338,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML file (docs/sweeps.md
           data_dir: Optional[Path] = DATA_OPT,
           jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="worker processes (default: the file's jobs)"),
           fresh: bool = typer.Option(False, "--fresh", help="redo every run, also those already complete"),
-          quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+          quiet: bool = QUIET_OPT) -> None:
     """Run a base experiment over axes of field values with replications; writes sweep.csv (one row per run) and
     sweep_summary.csv (per point: mean and 95 % confidence half-width). A re-run resumes from complete runs."""
     from lab.experiment.config import ConfigError
@@ -327,7 +370,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML file (docs/sweeps.md
 
 @app.command()
 def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.md)"), out: Optional[Path] = OUT_OPT,
-           data_dir: Optional[Path] = DATA_OPT, quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+           data_dir: Optional[Path] = DATA_OPT, quiet: bool = QUIET_OPT) -> None:
     """Find the highest load within an SLO, or the fewest instances for a load, by bisection over simulations, and
     rank candidate deployments by the GPUs they need; writes search.md and search.json."""
     import json
@@ -371,10 +414,10 @@ def compare(spec: Path = typer.Argument(..., help="comparison YAML file"), out: 
             data_dir: Optional[Path] = DATA_OPT,
             jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="worker processes (default: the file's jobs)"),
             group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="run only this group (repeatable)"),
-            no_plots: bool = typer.Option(False, "--no-plots"),
+            no_plots: bool = NO_PLOTS_OPT,
             fresh: bool = typer.Option(False, "--fresh", help="redo every run, also those already complete in the "
                                                                "output folder with an unchanged configuration"),
-            quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+            quiet: bool = QUIET_OPT) -> None:
     """Run several policies on several traces (a comparison file) and write one side-by-side report. A re-run into
     the same folder reuses every run whose folder is complete and whose configuration is unchanged (--fresh: none)."""
     from lab.report.compare import load_comparison, run_comparison

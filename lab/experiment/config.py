@@ -436,9 +436,49 @@ class SLOConfig(_Strict):
     e2el_s: float | None = Field(None, gt=0)
 
 
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
 class OutputConfig(_Strict):
+    """What a run writes. ``percentile_metrics`` and ``metric_percentiles`` are ``vllm bench serve``'s options of
+    the same names (comma-separated strings, as on its command line): which latency metrics get percentile keys
+    (``p99_ttft_ms``, ...) in bench_result.json and the console block, and which percentiles. vLLM's own defaults
+    are ``ttft,tpot,itl`` and ``99``; servelab's default is every metric at 50, 90 and 99 (a superset, so a
+    dashboard that reads vLLM's keys finds them)."""
+
     dir: str | None = None
     plots: bool = True
+    percentile_metrics: str = "ttft,tpot,itl,e2el"
+    metric_percentiles: str = "50,90,99"
+
+    @field_validator("percentile_metrics")
+    @classmethod
+    def _known_metrics(cls, v: str) -> str:
+        names = [m.strip() for m in v.split(",") if m.strip()]
+        bad = [m for m in names if m not in PERCENTILE_METRICS]
+        if not names or bad:
+            raise ValueError(f"expected a comma-separated subset of {','.join(PERCENTILE_METRICS)}, got {v!r}")
+        return ",".join(names)
+
+    @field_validator("metric_percentiles")
+    @classmethod
+    def _percentiles_in_range(cls, v: str) -> str:
+        try:
+            ps = [float(p) for p in v.split(",") if p.strip()]
+        except ValueError:
+            ps = []
+        if not ps or any(not 0 < p < 100 for p in ps):
+            raise ValueError(f"expected comma-separated percentiles strictly between 0 and 100, e.g. '50,90,99', "
+                             f"got {v!r}")
+        return v
+
+    def percentiles(self) -> tuple[float, ...]:
+        """``metric_percentiles`` as numbers, e.g. (50.0, 90.0, 99.0)."""
+        return tuple(float(p) for p in self.metric_percentiles.split(",") if p.strip())
+
+    def metrics(self) -> tuple[str, ...]:
+        """``percentile_metrics`` as names, e.g. ("ttft", "tpot")."""
+        return tuple(self.percentile_metrics.split(","))
 
 
 class Experiment(_Strict):

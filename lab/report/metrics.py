@@ -233,7 +233,8 @@ def summarize(df: pd.DataFrame, itl, steps: pd.DataFrame | None = None, horizon:
 
 def vllm_bench_result(df: pd.DataFrame, summary: dict, itl, percentiles: Sequence[float] = (99,),
                       max_concurrency: int | None = None, request_rate: float | None = None,
-                      model_id: str = "", num_warmups: int = 0) -> dict:
+                      model_id: str = "", num_warmups: int = 0,
+                      metrics: Sequence[str] = ("ttft", "tpot", "itl", "e2el")) -> dict:
     """The run as ``vllm bench serve --save-result --save-detailed`` writes it (benchmarks/serve.py): the same
     keys and units (milliseconds for latencies, seconds for ``duration``, ``ttfts`` and ``itls``), so dashboards and
     ``servelab validate`` read a simulated run like a measured one.
@@ -241,7 +242,8 @@ def vllm_bench_result(df: pd.DataFrame, summary: dict, itl, percentiles: Sequenc
     Per request, ``itls`` is the request's mean gap (its TPOT) repeated ``output - 1`` times: the simulator keeps
     the ITL distribution for the run (``mean_itl_ms`` etc. come from it), not per request, and the repeated gap
     keeps TTFT + Σ ITL = E2EL exactly. Rejected and unfinished requests are ``errors``. ``df``: the measured
-    requests (warm-up excluded); ``summary``: :func:`summarize` of them."""
+    requests (warm-up excluded); ``summary``: :func:`summarize` of them. ``metrics`` and ``percentiles`` are vLLM's
+    ``--percentile-metrics`` and ``--metric-percentiles``: as in vLLM, a metric not named gets no statistics keys."""
     fin = df[df["status"] == "finished"]
     out: dict = {
         "model_id": model_id, "num_prompts": int(len(df)), "num_warmups": num_warmups,
@@ -257,11 +259,13 @@ def vllm_bench_result(df: pd.DataFrame, summary: dict, itl, percentiles: Sequenc
         "errors": [str(r) for r in df.loc[df["status"] != "finished", "reason"]],
     }
     ms = 1e3
-    for m in ("ttft", "tpot", "e2el"):
+    for m in (m for m in ("ttft", "tpot", "e2el") if m in metrics):
         vals = fin[m].dropna().to_numpy(dtype=float) * ms
         if m == "tpot":
             vals = np.concatenate([vals, np.zeros(int((fin["output_tokens"] <= 1).sum()))])  # vLLM: TPOT 0
         _put_stats(out, m, vals, percentiles)
+    if "itl" not in metrics:
+        return out
     d = itl.describe(list(percentiles)) if hasattr(itl, "describe") else describe(itl, percentiles)
     out.update({"mean_itl_ms": _ms(d["mean"]), "median_itl_ms": _ms(d["median"]), "std_itl_ms": _ms(d.get("std"))})
     for p in percentiles:

@@ -254,8 +254,9 @@ def bench_result(result: SimResult, req: pd.DataFrame, summary: dict) -> dict:
     w = exp.workload
     open_rate = w.source == "synthetic" and (w.concurrency is None or "rate" in w.model_fields_set)
     rate = w.rate if open_rate else None
-    return vllm_bench_result(measured, summary, result.itl_samples, (50, 90, 99), closed_loop_concurrency(exp),
-                             rate, result.deployment.model.name, int(len(req) - len(measured)))
+    return vllm_bench_result(measured, summary, result.itl_samples, exp.output.percentiles(),
+                             closed_loop_concurrency(exp), rate, result.deployment.model.name,
+                             int(len(req) - len(measured)), exp.output.metrics())
 
 
 class OutputDirError(ValueError):
@@ -501,6 +502,7 @@ def plot_all(req: pd.DataFrame, series: pd.DataFrame | None, result: SimResult, 
             ax.plot(v * 1000, np.arange(1, len(v) + 1) / len(v))
         ax.set_xlabel(f"{name} (ms)")
         ax.set_ylabel("CDF")
+        ax.set_title(f"{name} of finished requests" if name != "ITL" else "ITL (every token gap)", fontsize=10)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_dir / "latency_cdf.png", dpi=110)
@@ -515,6 +517,7 @@ def plot_all(req: pd.DataFrame, series: pd.DataFrame | None, result: SimResult, 
         axes[0].plot(ser.index, ser["output_tokens"], label="output tokens/s")
         axes[0].plot(ser.index, ser["prefill_tokens"], label="prefill tokens/s", alpha=0.7)
         axes[0].set_ylabel("tokens/s")
+        axes[0].set_title("Throughput, queue and KV usage over time (all instances)", fontsize=10)
         axes[0].legend()
         axes[1].plot(ser.index, ser["num_running"], label="running", lw=0.8)
         axes[1].plot(ser.index, ser["num_waiting"], label="waiting", lw=0.8)

@@ -36,6 +36,12 @@ class ValidationError(ValueError):
 FORMATS = ("llmservingsim", "vllm_bench")
 
 
+# Axis labels (with units) of the vLLM StatLogger columns in the measured time series.
+_TIMESERIES_LABELS = {"running": "running requests", "waiting": "waiting requests",
+                      "kv_cache_pct": "KV cache usage (%)", "gen_throughput": "decode tokens/s",
+                      "prompt_throughput": "prefill tokens/s"}
+
+
 def load_measured(path: str | Path, fmt: str = "llmservingsim") -> pd.DataFrame:
     """Measured per-request table: request_id, prompt_tokens, output_tokens, ttft, tpot, e2el (seconds) and, when
     known, arrival_time / first_token_time / finish_time relative to the first request.
@@ -264,6 +270,7 @@ def plot_validation(report: dict, out_dir: Path) -> list[str]:
                 ax.plot(v, np.arange(1, len(v) + 1) / len(v), label=lab)
         ax.set_xlabel(f"{m.upper()} (ms)")
         ax.set_ylabel("CDF")
+        ax.set_title(f"{m.upper()}: measured vs simulated", fontsize=10)
         ax.legend()
         ax.grid(alpha=0.3)
         ax = axes[1, k]
@@ -273,6 +280,7 @@ def plot_validation(report: dict, out_dir: Path) -> list[str]:
         ax.axvline(0, color="grey", lw=0.8)
         ax.set_xlabel(f"per-request {m.upper()} error (%)")
         ax.set_ylabel("CDF")
+        ax.set_title(f"{m.upper()}: (simulated - measured) / measured", fontsize=10)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_dir / "validation_latency.png", dpi=110)
@@ -287,7 +295,8 @@ def plot_validation(report: dict, out_dir: Path) -> list[str]:
         for ax, c in zip(np.atleast_1d(axes), cols):
             ax.plot(meas["t"], meas[c], label="measured")
             ax.plot(sim["t"], sim[c], label="simulated", alpha=0.8)
-            ax.set_ylabel(c)
+            ax.set_ylabel(_TIMESERIES_LABELS[c])
+            ax.set_title(f"{_TIMESERIES_LABELS[c]}, 1-s buckets", fontsize=10)
             ax.grid(alpha=0.3)
         np.atleast_1d(axes)[0].legend()
         np.atleast_1d(axes)[-1].set_xlabel("time (s)")
@@ -302,6 +311,7 @@ def plot_validation(report: dict, out_dir: Path) -> list[str]:
         names = list(bd["share"].keys())
         ax.barh(names, [bd["share"][n] * 100 for n in names])
         ax.set_xlabel("share of simulated busy time (%)")
+        ax.set_title("Where the simulated GPU time goes", fontsize=10)
         fig.tight_layout()
         fig.savefig(out_dir / "validation_breakdown.png", dpi=110)
         plt.close(fig)
