@@ -34,6 +34,12 @@ class SarathiScheduler(SchedulerBase):
 
     name = "sarathi"
     admits_kv_holding = True  # requests holding remote KV first (policies/common.py next_waiting)
+    # Stateless between steps, and a steady decode batch stays steady: pass 1 schedules every decode (one token,
+    # allocate_slots as vLLM), pass 2 has no unfinished prefill, and pass 3's admission stays blocked while the
+    # batch only decodes (max_num_seqs or the budget are full, or free blocks only shrink until a completion,
+    # where a jump with requests waiting ends). Admission reserves only the prompt's blocks, so a decoding request
+    # holds ceil(num_computed_tokens / block_size) blocks, as the jump assumes.
+    supports_fast_forward = True
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")

@@ -105,6 +105,23 @@ def test_fast_forward_equals_step_by_step_with_a_queue_whose_order_changes_over_
     assert_same(spec, scheduler="sjf", options={"starvation_s": starvation}, blocks=blocks, seqs=seqs)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=request_spec, blocks=st.sampled_from([40, 60, 120, 400]), seqs=st.sampled_from([2, 6, 16]),
+       chunk=st.sampled_from([4, 32, 512]), caching=st.booleans(), cpu=st.sampled_from([0.0, 0.002]),
+       preemption=st.sampled_from(["recompute", "swap"]), instances=st.sampled_from([1, 1, 2]))
+def test_fast_forward_equals_step_by_step_with_sarathi(spec, blocks, seqs, chunk, caching, cpu, preemption, instances):
+    # Sarathi-Serve: decodes first and never capped (a chunk of 4 is smaller than the batch), prompt blocks
+    # reserved at admission with a watermark; sync scheduling (it does not declare async support)
+    assert_same(spec, scheduler="sarathi", options={"chunk_size": chunk}, blocks=blocks, seqs=seqs, caching=caching,
+                cpu=cpu, preemption=preemption, instances=instances)
+
+
+def test_fast_forward_jumps_under_sarathi():
+    spec = [(0.0, 300, 400, None), (0.001, 200, 300, None), (0.002, 100, 350, None)]
+    res = assert_same(spec, scheduler="sarathi", options={"chunk_size": 64})
+    assert sum(i.jumped_steps for i in res.instances) > 300
+
+
 def test_fast_forward_ends_before_a_starved_request_becomes_the_head():
     # 0 and 1 run; 2 (older, long job, 19 blocks) and 3 (short job, 32 blocks) wait for KV. When 1 finishes, 3 is
     # SJF's head and still does not fit while 2 would; at 0.31 s 2 has waited starvation_s and becomes the head
