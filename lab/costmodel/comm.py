@@ -1,0 +1,320 @@
+"""GPU-to-GPU communication: the time of every collective a serving step uses, on every link type in the catalog.
+
+A link (:class:`LinkSpec`) is described by an alpha-beta pair per transport: ``latency_s`` (alpha, the fixed cost
+of one NCCL call: launch, synchronisation, protocol setup) and ``bus_bandwidth`` (beta, NCCL's achievable *bus*
+bandwidth per GPU for large messages, as nccl-tests reports ``busbw``), plus, where GPUs can address each other's
+memory (NVLink, PCIe with P2P), the constants of vLLM's custom all-reduce (``custom_latency_s``,
+``peer_bandwidth``). Times of one call, ``n`` GPUs, ``B`` = bytes of the buffer on each GPU (the NCCL-tests
+conventions, NVIDIA/nccl-tests doc/PERFORMANCE.md):
+
+* ring all-reduce (NCCL):            ``latency + 2(n-1)/n · B / bus_bandwidth``
+* all-gather / reduce-scatter:       ``latency + (n-1)/n · B_total / bus_bandwidth`` (``B_total`` = the gathered
+  buffer, i.e. n x each GPU's share)
+* all-to-all:                        ``latency + remote_bytes / bus_bandwidth`` (``remote_bytes`` = what this GPU
+  sends to other GPUs; the busiest rank's count when ranks differ)
+* send/recv (pipeline stages):       ``latency + B / bus_bandwidth``
+* one-shot custom all-reduce (vLLM): ``custom_latency + (n-1) · B / peer_bandwidth`` (every GPU reads the n-1
+  peers' buffers and reduces locally)
+* two-shot custom all-reduce (vLLM): ``2 · custom_latency + 2(n-1)/n · B / peer_bandwidth`` (reduce-scatter then
+  all-gather through peer memory)
+
+Algorithm choice (:func:`allreduce_algorithm`) follows vLLM 0.19 ``vllm/distributed/device_communicators/
+custom_all_reduce.py`` and ``csrc/custom_all_reduce.cuh``: the custom all-reduce runs only where the GPUs have P2P
+access, for 2 GPUs or a fully connected NVLink group (never more than 2 PCIe GPUs), and only below its buffer size
+(``max_size`` 8 MiB); within it, one-shot for 2 GPUs or small buffers (< 512 KiB up to 4 GPUs, < 256 KiB up to 8),
+two-shot otherwise; everything else goes to NCCL (ring).
+
+A collective over GPUs of more than one node runs at the pace of the inter-node link (:func:`group_link`:
+``gpus > gpus_per_node`` of the catalog selects the GPU's ``internode_link``); NCCL's hierarchical algorithms are
+not modelled (a documented simplification: the inter-node NIC is the bottleneck of a ring that crosses nodes).
+
+The link constants and their sources are in :data:`LINKS`; ``lab/costmodel/comm_fit.py`` refits the calibrated
+ones from the measured tables and reports the held-out error (docs/costmodel.md, "Communication").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+# vLLM custom all-reduce: buffer limit and one-shot thresholds (vllm/distributed/device_communicators/
+# custom_all_reduce.py max_size=8192*1024; csrc/custom_all_reduce.cuh one-shot below 512 KiB (<= 4 GPUs) and
+# 256 KiB (<= 8 GPUs), always one-shot for 2 GPUs).
+CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
+CUSTOM_AR_SUPPORTED_GPUS = (2, 4, 6, 8)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One GPU-to-GPU link type.
+
+    Attributes:
+        name: key in :data:`LINKS` (the catalog's ``link`` / ``internode_link`` value).
+        kind: "nvlink", "pcie" or "rdma".
+        latency_s: alpha of one NCCL call, seconds.
+        bus_bandwidth: NCCL large-message bus bandwidth per GPU, B/s.
+        p2p: GPUs address each other's memory (vLLM's custom all-reduce is possible).
+        custom_latency_s: alpha of one custom all-reduce pass, seconds (None: no custom all-reduce).
+        peer_bandwidth: bytes/s one GPU reads from its peers in the custom all-reduce.
+        source: where the constants come from.
+    """
+
+    name: str
+    kind: str
+    latency_s: float
+    bus_bandwidth: float
+    p2p: bool = False
+    custom_latency_s: float | None = None
+    peer_bandwidth: float = 0.0
+    source: str = ""
+
+    def with_bandwidth(self, bus_bandwidth: float) -> "LinkSpec":
+        """This link with another NCCL bus bandwidth (B/s); the custom all-reduce's peer bandwidth scales with it
+        (``hardware.link_gbps`` override)."""
+        scale = bus_bandwidth / self.bus_bandwidth
+        return replace(self, bus_bandwidth=bus_bandwidth, peer_bandwidth=self.peer_bandwidth * scale,
+                       source=f"{self.source}; bus bandwidth overridden to {bus_bandwidth / 1e9:g} GB/s")
+
+    def with_latency(self, latency_s: float) -> "LinkSpec":
+        """This link with another NCCL latency (``hardware.link_latency_us`` override), seconds."""
+        return replace(self, latency_s=latency_s, source=f"{self.source}; latency overridden to {latency_s * 1e6:g} us")
+
+
+_GB = 1e9
+_US = 1e-6
+
+# Calibrated constants: `.venv/bin/python -m lab.costmodel.comm_fit` refits them from the measured tables
+# (shared/data/calibration; log-space least squares of the formulas above) and prints the held-out error.
+LINKS: dict[str, LinkSpec] = {
+    # NVLink 3 + NVSwitch (DGX A100): NCCL fitted on Vidur a100_dgx all_reduce.csv (2-8 GPUs in one node).
+    # Custom all-reduce: the NVLink-4 fit, peer bandwidth scaled by the link rate 300 / 450 (no A100 table).
+    "nvlink3": LinkSpec("nvlink3", "nvlink", 41.7 * _US, 159.5 * _GB, True, 4.47 * _US, 301.3 * 300 / 450 * _GB,
+                        "fit: Vidur network/a100_dgx/all_reduce.csv (NCCL, intra-node)"),
+    # NVLink 4 + NVSwitch (H100/H200 SXM): NCCL fitted on Vidur h100_dgx all_reduce.csv; custom all-reduce fitted
+    # on AIConfigurator h100_sxm custom_allreduce_perf (vLLM 0.19, CUDA graph) below 8 MiB.
+    "nvlink4": LinkSpec("nvlink4", "nvlink", 26.4 * _US, 306.4 * _GB, True, 4.47 * _US, 301.3 * _GB,
+                        "fit: Vidur network/h100_dgx/all_reduce.csv (NCCL); AIConfigurator perf_db/h100_sxm "
+                        "custom_allreduce_perf.parquet (vLLM custom, graph)"),
+    # NVLink 4 cut to 400 GB/s bidirectional (H800): nvlink4 scaled by 200 / 450 (documented fallback, no table).
+    "nvlink4_h800": LinkSpec("nvlink4_h800", "nvlink", 26.4 * _US, 306.4 * 200 / 450 * _GB, True, 4.47 * _US,
+                             301.3 * 200 / 450 * _GB, "fallback: nvlink4 fit scaled by the H800 link rate 200/450"),
+    # NVLink 5 + NVSwitch (B200): no table; nvlink4 fit with bandwidths scaled by the link rate 900 / 450.
+    "nvlink5": LinkSpec("nvlink5", "nvlink", 26.4 * _US, 2 * 306.4 * _GB, True, 4.47 * _US, 2 * 301.3 * _GB,
+                        "fallback: nvlink4 fit, bandwidths scaled by the NVLink-5 rate 900/450 GB/s"),
+    # AMD Infinity Fabric (MI300X, 8 GPUs fully connected): no table; RCCL treated like nvlink4 at the same
+    # per-GPU rate (448 vs 450 GB/s), documented fallback.
+    "xgmi_mi300x": LinkSpec("xgmi_mi300x", "nvlink", 26.4 * _US, 306.4 * 448 / 450 * _GB, True, 4.47 * _US,
+                            301.3 * 448 / 450 * _GB, "fallback: nvlink4 fit at the MI300X link rate 448/450"),
+    # PCIe 5.0 x16 with P2P (RTX PRO 6000 with IOMMU off / ACS off): NCCL 37.6-41.1 GB/s busbw (8 GPUs, tuned
+    # channels) and ~24 us small-message all-reduce; P2P writes 53-56 GB/s; custom all-reduce 7.5 us at 256 B-1 KB.
+    "pcie5_p2p": LinkSpec("pcie5_p2p", "pcie", 24.0 * _US, 40.0 * _GB, True, 7.5 * _US, 54.0 * _GB,
+                          "published: github.com/voipmonitor/rtx6kpro hardware/pcie-bandwidth.md (commit 070506f: "
+                          "NCCL AllReduce busbw, NCCL vs custom all-reduce latency, P2P bandwidth on RTX PRO 6000)"),
+    # PCIe 5.0 x16 without P2P: NCCL's SHM transport stages every chunk through pinned host memory. Latency: the
+    # untuned-NCCL all-reduce of 32-256 KB on RTX PRO 6000 (48.2-56.5 us; SIMPLE protocol, 2 channels, as with
+    # vLLM's default environment). Bandwidth: SHM all-reduce busbw 18 GB/s (4 x RTX 4090, NVIDIA/nccl issue
+    # #1603); no PCIe-5 SHM figure is published, and the SHM path at NCCL's default channel count is bound by the
+    # host-memory staging, not the link rate (rtx6kpro optimization/nccl-tuning.md: P2P-disabled throughput needs
+    # 16-64 channels and 32-64 MB buffers), so the PCIe-4 figure is used unscaled.
+    "pcie5_no_p2p": LinkSpec("pcie5_no_p2p", "pcie", 48.2 * _US, 18.0 * _GB, False, None, 0.0,
+                             "published: rtx6kpro optimization/nccl-tuning.md (commit 1306de8, untuned NCCL 32 KB "
+                             "all-reduce 48.2 us); NVIDIA/nccl#1603 (SHM all-reduce busbw 18 GB/s, RTX 4090)"),
+    # PCIe 4.0 x16 with P2P (e.g. RTX 4090 with the patched driver, A40/L40S): NCCL busbw 22 GB/s (NVIDIA/nccl
+    # #1603, 4 x RTX 4090 P2P); latency as pcie5_p2p; P2P copy ~25 GB/s (half the PCIe-5 figure).
+    "pcie4_p2p": LinkSpec("pcie4_p2p", "pcie", 24.0 * _US, 22.0 * _GB, True, 7.5 * _US, 25.0 * _GB,
+                          "published: NVIDIA/nccl#1603 (P2P all-reduce busbw 22 GB/s, 4 x RTX 4090); latencies as "
+                          "pcie5_p2p"),
+    # PCIe 4.0 x16 without P2P (stock RTX 4090 driver: no peer access): SHM busbw 18 GB/s (NVIDIA/nccl#1603).
+    "pcie4_no_p2p": LinkSpec("pcie4_no_p2p", "pcie", 48.2 * _US, 18.0 * _GB, False, None, 0.0,
+                             "published: NVIDIA/nccl#1603 (SHM all-reduce busbw 18 GB/s, 4 x RTX 4090); latency as "
+                             "pcie5_no_p2p"),
+    # InfiniBand HDR 200 Gb/s per GPU (Azure NDm A100 v4, Vidur's A100 cluster): fitted on the cross-node rows of
+    # Vidur a100_dgx all_reduce.csv (devices_per_node < num_workers).
+    "ib_hdr200": LinkSpec("ib_hdr200", "rdma", 140.9 * _US, 10.3 * _GB, False, None, 0.0,
+                          "fit: Vidur network/a100_dgx/all_reduce.csv cross-node rows (NCCL over IB)"),
+    # 400 Gb/s IB/RoCE per GPU (ConnectX-7, DGX H100/H200): fitted on Vidur h100_dgx send_recv.csv cross-node
+    # rows (the only H100-class inter-node table); 35.9 GB/s sits below DeepEP's 43-58 GB/s internode RDMA
+    # bottleneck bandwidth on the same NIC class (calibration/published_benchmarks).
+    "ib_ndr400": LinkSpec("ib_ndr400", "rdma", 19.9 * _US, 35.9 * _GB, False, None, 0.0,
+                          "fit: Vidur network/h100_dgx/send_recv.csv cross-node rows (NCCL over IB)"),
+}
+
+
+def get_link(name: str, where: str = "link") -> LinkSpec:
+    """The link called ``name``.
+
+    Raises:
+        ValueError: unknown name (one line naming ``where`` and the known links).
+    """
+    spec = LINKS.get(name)
+    if spec is None:
+        raise ValueError(f"{where}: {name!r} is not a known link type; expected one of {', '.join(sorted(LINKS))}")
+    return spec
+
+
+# ------------------------------------------------------------------------------------------ collectives
+def allreduce_algorithm(link: LinkSpec, n: int, byts: float) -> str:
+    """The all-reduce vLLM 0.19 runs for a ``byts``-byte buffer over ``n`` GPUs on ``link``: "none" (n = 1),
+    "one_shot" / "two_shot" (custom all-reduce) or "ring" (NCCL). See the module docstring for the rules."""
+    if n <= 1 or byts <= 0:
+        return "none"
+    custom = (link.p2p and link.custom_latency_s is not None and n in CUSTOM_AR_SUPPORTED_GPUS
+              and byts < CUSTOM_AR_MAX_BYTES and (n == 2 or link.kind == "nvlink"))
+    if not custom:
+        return "ring"
+    if n == 2 or (n <= 4 and byts < 512 * 1024) or (n <= 8 and byts < 256 * 1024):
+        return "one_shot"
+    return "two_shot"
+
+
+def ring_allreduce(link: LinkSpec, n: int, byts: float) -> float:
+    """NCCL ring all-reduce of a ``byts``-byte buffer over ``n`` GPUs, seconds."""
+    if n <= 1 or byts <= 0:
+        return 0.0
+    return link.latency_s + 2.0 * (n - 1) / n * byts / link.bus_bandwidth
+
+
+def custom_allreduce(link: LinkSpec, n: int, byts: float, two_shot: bool) -> float:
+    """vLLM custom all-reduce (one-shot or two-shot) of ``byts`` bytes over ``n`` GPUs, seconds.
+
+    Raises:
+        ValueError: the link has no peer access.
+    """
+    if link.custom_latency_s is None or not link.p2p:
+        raise ValueError(f"link {link.name!r} has no P2P access: vLLM's custom all-reduce cannot run on it")
+    if n <= 1 or byts <= 0:
+        return 0.0
+    if two_shot:
+        return 2.0 * link.custom_latency_s + 2.0 * (n - 1) / n * byts / link.peer_bandwidth
+    return link.custom_latency_s + (n - 1) * byts / link.peer_bandwidth
+
+
+def allreduce(link: LinkSpec, n: int, byts: float, algorithm: str | None = None) -> float:
+    """All-reduce of a ``byts``-byte buffer over ``n`` GPUs with ``algorithm`` (default: vLLM's choice,
+    :func:`allreduce_algorithm`), seconds.
+
+    Raises:
+        ValueError: unknown algorithm.
+    """
+    algo = algorithm or allreduce_algorithm(link, n, byts)
+    if algo == "none" or n <= 1 or byts <= 0:
+        return 0.0
+    if algo == "ring":
+        return ring_allreduce(link, n, byts)
+    if algo in ("one_shot", "two_shot"):
+        return custom_allreduce(link, n, byts, algo == "two_shot")
+    raise ValueError(f"all-reduce algorithm {algo!r}: expected ring, one_shot or two_shot")
+
+
+def allgather(link: LinkSpec, n: int, total_bytes: float) -> float:
+    """NCCL all-gather into a ``total_bytes`` buffer (each GPU contributes total/n) over ``n`` GPUs, seconds."""
+    if n <= 1 or total_bytes <= 0:
+        return 0.0
+    return link.latency_s + (n - 1) / n * total_bytes / link.bus_bandwidth
+
+
+def reducescatter(link: LinkSpec, n: int, total_bytes: float) -> float:
+    """NCCL reduce-scatter of a ``total_bytes`` buffer (each GPU keeps total/n) over ``n`` GPUs, seconds."""
+    return allgather(link, n, total_bytes)
+
+
+def alltoall(link: LinkSpec, n: int, remote_bytes: float) -> float:
+    """All-to-all in which the busiest GPU sends ``remote_bytes`` to the other ``n - 1`` GPUs, seconds."""
+    if n <= 1 or remote_bytes <= 0:
+        return 0.0
+    return link.latency_s + remote_bytes / link.bus_bandwidth
+
+
+def sendrecv(link: LinkSpec, byts: float) -> float:
+    """Point-to-point send/recv of ``byts`` bytes between two GPUs (pipeline-stage boundary), seconds."""
+    if byts <= 0:
+        return 0.0
+    return link.latency_s + byts / link.bus_bandwidth
+
+
+EP_BACKENDS = ("allgather_reducescatter", "all2all", "deepep")
+
+
+def ep_dispatch_combine(link: LinkSpec, ep: int, tokens_per_rank: float, hidden: int, top_k: int,
+                        dispatch_bytes: float = 2.0, backend: str = "allgather_reducescatter") -> float:
+    """Seconds of one MoE layer's token dispatch plus combine over an ``ep``-GPU expert-parallel group.
+
+    Args:
+        link: the group's link.
+        ep: GPUs in the group.
+        tokens_per_rank: tokens entering the MoE layer on the busiest rank (its DP rank's batch).
+        hidden: model hidden size.
+        top_k: experts per token.
+        dispatch_bytes: bytes per dispatched element (2 bf16, 1 fp8); combine is always bf16.
+        backend: vLLM ``--all2all-backend``: "allgather_reducescatter" (vLLM's default without DeepEP: all-gather
+            every rank's tokens, reduce-scatter the outputs: ``ep x tokens`` rows each way) or "all2all" / "deepep"
+            (tokens go only to the ranks holding their experts: ``tokens x remote ranks`` rows each way, remote
+            ranks = the expected distinct other GPUs of a token's top-k experts under uniform routing).
+
+    Raises:
+        ValueError: unknown backend.
+    """
+    if ep <= 1 or tokens_per_rank <= 0:
+        return 0.0
+    if backend == "allgather_reducescatter":
+        rows = ep * tokens_per_rank
+        return allgather(link, ep, rows * hidden * dispatch_bytes) + reducescatter(link, ep, rows * hidden * 2.0)
+    if backend in ("all2all", "deepep"):
+        distinct = ep * (1.0 - (1.0 - 1.0 / ep) ** top_k)
+        remote = distinct * (ep - 1) / ep
+        rows = tokens_per_rank * remote
+        return alltoall(link, ep, rows * hidden * dispatch_bytes) + alltoall(link, ep, rows * hidden * 2.0)
+    raise ValueError(f"all2all backend {backend!r}: expected one of {', '.join(EP_BACKENDS)}")
+
+
+# ------------------------------------------------------------------------------------------ catalog
+def _entry(hw_name: str) -> dict:
+    from lab.costmodel.hardware import _catalog, load_hardware
+
+    return _catalog()[load_hardware(hw_name).name]
+
+
+def scale_up_link(hw_name: str) -> LinkSpec:
+    """The intra-node link of a catalog GPU (its ``link`` field).
+
+    Raises:
+        ValueError: the GPU is unknown, or its ``link`` names no known link type (one line).
+    """
+    e = _entry(hw_name)
+    if "link" not in e:
+        raise ValueError(f"lab/catalog/hardware.yaml: {hw_name} has no 'link' field (expected one of "
+                         f"{', '.join(sorted(LINKS))})")
+    return get_link(str(e["link"]), f"lab/catalog/hardware.yaml: {hw_name}.link")
+
+
+def gpus_per_node(hw_name: str) -> int:
+    """GPUs per node of a catalog GPU's usual server (catalog ``gpus_per_node``, default 8)."""
+    return int(_entry(hw_name).get("gpus_per_node", 8))
+
+
+def internode_link(hw_name: str) -> LinkSpec:
+    """The inter-node link of a catalog GPU (its ``internode_link`` field, default ``ib_ndr400``).
+
+    Raises:
+        ValueError: the field names no known link type (one line).
+    """
+    name = str(_entry(hw_name).get("internode_link", "ib_ndr400"))
+    return get_link(name, f"lab/catalog/hardware.yaml: {hw_name}.internode_link")
+
+
+def group_link(hw_name: str, gpus: int) -> LinkSpec:
+    """The link a collective over ``gpus`` GPUs of this type runs on: the scale-up link while the group fits in one
+    node, the inter-node link when ``gpus > gpus_per_node``."""
+    if gpus > gpus_per_node(hw_name):
+        return internode_link(hw_name)
+    return scale_up_link(hw_name)
+
+
+def link_for(hw_name: str, gpus: int, bus_gbps: float | None = None, latency_us: float | None = None) -> LinkSpec:
+    """:func:`group_link` with an experiment's overrides: ``bus_gbps`` replaces the NCCL bus bandwidth (GB/s),
+    ``latency_us`` the NCCL latency (µs); None keeps the catalog link's constants."""
+    link = group_link(hw_name, gpus)
+    if bus_gbps:
+        link = link.with_bandwidth(bus_gbps * 1e9)
+    if latency_us is not None:
+        link = link.with_latency(latency_us * 1e-6)
+    return link
