@@ -50,6 +50,34 @@ def allocate_waiting(engine: EngineView, request: Request, num_new_tokens: int, 
                                     0 if request.num_computed_tokens else num_computed, **kwargs)
 
 
+def start_cpu_load(engine: EngineView, request: Request, hits: list[Block], num_hit: int, **kwargs) -> bool | None:
+    """The KV-offloading step of admitting a waiting request (vLLM's scheduler asking the OffloadingConnector,
+    ``get_num_new_matched_tokens``, after ``get_computed_blocks``): look for the blocks after its GPU prefix hit
+    (``hits``, ``num_hit`` tokens, from :func:`lookup`) in the CPU tier; on a hit allocate blocks for GPU + CPU
+    hit tokens (``kwargs`` go to ``allocate_slots``: lookahead, watermark, full-sequence gate), take the request out
+    of the waiting queue and start the load (``engine.start_cpu_load``).
+
+    Returns:
+        None: no CPU hit (or offloading off, or the request holds computed state): admit it as usual.
+        True: the load started; go on with the next waiting request.
+        False: it has a CPU hit but must wait (no free blocks, or its blocks are being loaded for another
+        request): stop admitting, as vLLM does at an allocation failure.
+    """
+    offload = engine.kv_offload
+    if offload is None or request.num_computed_tokens:
+        return None
+    n = offload.lookup(request, num_hit, engine.now)
+    if n is None:
+        return False
+    if not n:
+        return None
+    if not engine.kv.allocate_slots(request, n, hits, num_hit, delay_cache_blocks=True, **kwargs):
+        return False
+    take_waiting(engine, request)
+    engine.start_cpu_load(request, num_hit, n)
+    return True
+
+
 def resolve_victim_rule(engine: EngineView) -> str:
     """The configured victim rule, with ``auto`` mapped to vLLM's (``last`` / ``lowest_priority``)."""
     rule = engine.config.preemption_victim

@@ -14,7 +14,7 @@ from __future__ import annotations
 from lab.core.request import RequestStatus
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerOutput
 from policies.common import (allocate_or_preempt, allocate_waiting, lookup, next_waiting, resolve_victim_rule,
-                             schedule_drafts, take_waiting)
+                             schedule_drafts, start_cpu_load, take_waiting)
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -39,6 +39,7 @@ class VLLMV1Scheduler(SchedulerBase):
     supports_pipelining = True  # a request whose step is in flight has n <= 0 (sync) or waits its eligible step
     supports_speculation = True  # a running request computes its drafts with its last sampled token
     admits_kv_holding = True  # requests whose remote KV arrived are admitted before the waiting queue (0.33)
+    supports_kv_offload = True  # waiting requests are looked up in the CPU tier after the GPU (OffloadingConnector)
 
     def schedule(self, engine: EngineView) -> SchedulerOutput:
         cfg = engine.config
@@ -116,6 +117,14 @@ class VLLMV1Scheduler(SchedulerBase):
             if r is None:
                 break
             hits, num_hit = lookup(engine, r)
+            reserve = watermark_blocks if running else 0
+            if engine.kv_offload is not None:
+                loading = start_cpu_load(engine, r, hits, num_hit, num_lookahead_tokens=lookahead,
+                                         full_sequence_must_fit=full_isl, reserved_blocks=reserve)
+                if loading is not None:
+                    if loading:
+                        continue
+                    break
             n = r.num_tokens - num_hit
             if 0 < threshold < n:
                 n = threshold
@@ -127,7 +136,6 @@ class VLLMV1Scheduler(SchedulerBase):
             if cfg.pad_new_one_token_requests and n == 1 and num_hit + 1 == r.num_tokens:
                 pad = min(cfg.num_speculative_tokens, budget - 1, max(0, cfg.max_model_len - 1 - r.num_tokens))
                 n += pad
-            reserve = watermark_blocks if running else 0
             if not allocate_waiting(engine, r, n, hits, num_hit, num_lookahead_tokens=lookahead,
                                     full_sequence_must_fit=full_isl, reserved_blocks=reserve):
                 break

@@ -48,16 +48,18 @@ def test_cpu_overhead_adds_to_sync_steps_and_hides_behind_async_steps():
     submit(env, inst, [a])
     env.run()
     assert a.finish_time == pytest.approx(3.75)
+    # async: only the first step waits for its CPU work (nothing in flight to overlap); later ones are hidden
     env, inst, cost = engine(dt=1.0, async_scheduling=True, cpu_base_s=0.25)
     a = req(0, 4, 3)
     submit(env, inst, [a])
     env.run()
-    assert a.finish_time == pytest.approx(3.0)
-    env, inst, cost = engine(dt=1.0, async_scheduling=True, cpu_base_s=1.5)  # CPU-bound: the CPU sets the pace
+    assert a.finish_time == pytest.approx(3.25)
+    # CPU-bound: each step's GPU work starts 1.5 s after the previous one's (1.5, 3.0, 4.5): the CPU sets the pace
+    env, inst, cost = engine(dt=1.0, async_scheduling=True, cpu_base_s=1.5)
     a = req(0, 4, 3)
     submit(env, inst, [a])
     env.run()
-    assert a.finish_time == pytest.approx(4.5)
+    assert a.finish_time == pytest.approx(5.5)
 
 
 def test_preempted_request_drops_the_token_of_its_step_in_flight():

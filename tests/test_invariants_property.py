@@ -65,6 +65,9 @@ def experiments(draw):
                               "num_speculative_tokens": draw(st.integers(1, 4))}
         if exp["speculative"]["method"] == "ngram":
             exp["engine"]["async_scheduling"] = False
+    offloadable = scheduler in ("vllm_v1", "sjf") and layout != "pd"
+    if offloadable and exp["policy"]["preemption"]["mode"] == "recompute" and draw(st.booleans()):
+        exp["engine"]["kv_offloading_size"] = draw(st.sampled_from([0.002, 0.05, 1.0]))  # 1 block of 16 and up
     return exp
 
 
@@ -86,6 +89,7 @@ def _check(res) -> None:
     for inst in res.instances:
         assert inst.kv.num_free_blocks == inst.kv.pool.num_gpu_blocks - 1, inst.instance_id
         assert inst.num_pinned_blocks == 0
+        assert inst.kv_offload is None or not inst.kv_offload.loads  # every CPU-tier load ended
 
 
 def _outcome(res):

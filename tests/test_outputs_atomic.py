@@ -58,7 +58,7 @@ def test_rerun_replaces_the_folder_and_leaves_no_stale_file(tmp_path):
     assert res.exit_code == 0, res.output
     names = {p.name for p in out.iterdir()}
     assert names == {"requests.parquet", "requests.csv", "steps.parquet", "summary.json", "report.md",
-                     "bench_result.json"}, names
+                     "report.html", "bench_result.json"}, names
     assert _complete(out, 40) and _siblings(out) == []
 
 

@@ -363,6 +363,7 @@ class KVCacheManager:
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         num_reserved_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> bool:
         """Allocate blocks so the request can hold ``num_new_tokens`` more tokens (vLLM ``allocate_slots``).
 
@@ -374,7 +375,9 @@ class KVCacheManager:
         blocks. With ``full_sequence_must_fit`` (vLLM's ``scheduler_reserve_full_isl`` gate for waiting requests) it
         also fails unless blocks for the whole current sequence (``num_tokens``) would fit; that is a check, not a
         reservation. On success it touches the hit blocks, pops new blocks from the free queue and registers the
-        full blocks up to ``min(C + hits + n, num_tokens)`` under their hashes.
+        full blocks up to ``min(C + hits + n, num_tokens)`` under their hashes — unless ``delay_cache_blocks``
+        (vLLM's flag for blocks an asynchronous KV load will fill, e.g. from the CPU tier: they are registered with
+        :meth:`register_full_blocks` once the KV is there).
 
         Returns:
             True if the slots were allocated.
@@ -415,7 +418,7 @@ class KVCacheManager:
                 request.num_cached_blocks = len(blocks)
             if need:
                 blocks.extend(pool.get_new_blocks(need))
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and not delay_cache_blocks:
             end = num_computed + num_new_tokens
             ntok = request.prompt_len + request.num_output_tokens  # num_tokens, inlined
             num_full = (end if end < ntok else ntok) // bs

@@ -56,7 +56,7 @@ class Request:
         "prefix_hit_tokens", "prefix_hit_recorded", "reason", "instance_id", "events",
         "swapped_tokens", "session_id", "num_swaps", "next_decode_eligible_step", "token_ready_at", "pool", "stop_at", "served_by",
         "num_spec_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "spec_draws",
-        "remote", "warmup",
+        "remote", "warmup", "sent_time", "stream_s", "cpu_loaded_tokens",
     )
 
     def __init__(
@@ -116,6 +116,8 @@ class Request:
         # Tokens of KV held in CPU memory while swapped out (0 = none); swap-outs so far.
         self.swapped_tokens = 0
         self.num_swaps = 0
+        # Tokens of KV copied back from the CPU tier (KV offloading) instead of computed, over all admissions.
+        self.cpu_loaded_tokens = 0
         self.session_id = session_id
         # async scheduling with pipeline parallelism (vLLM V2 runner): the first scheduler step at which a decode of
         # this request may be scheduled again (shared/specs/vllm-v1-scheduling.md §4)
@@ -145,6 +147,11 @@ class Request:
         self.remote = None
         # a closed-loop warm-up request (lab/workload/closed_loop.py): served, but left out of the metrics
         self.warmup = False
+        # the API server in front of the engine (lab/cluster/frontend.py): when the client sent the request (seconds;
+        # None = at ``arrival_time``, no front-end time before the engine), and the seconds from the engine emitting
+        # an output to the client receiving it (detokenization and streaming; 0 = none)
+        self.sent_time: float | None = None
+        self.stream_s = 0.0
 
     @property
     def num_tokens(self) -> int:

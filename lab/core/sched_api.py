@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from lab.core.kv_cache import KVCacheManager
 from lab.core.queues import WaitingQueue, make_queue
+from lab.core.kv_offload import KVOffloader
 from lab.core.request import Request
 
 
@@ -158,6 +159,9 @@ class EngineView(Protocol):
     (vLLM's V2 model runner rule, shared/specs/vllm-v1-scheduling.md §4). ``kv`` is the KV cache manager (``get_computed_blocks``, ``allocate_slots``,
     ``num_free_blocks``, ``block_size``). ``kv_holding`` holds requests whose KV arrived from another instance
     (prefill/decode disaggregation), for a scheduler that ``admits_kv_holding`` to admit before ``waiting``.
+    ``kv_offload`` is the CPU tier of the KV cache (lab/core/kv_offload.py; None when KV offloading is off): a
+    scheduler that ``supports_kv_offload`` looks a waiting request up there after its GPU prefix hit and, on a
+    hit, allocates its blocks and hands it to :meth:`start_cpu_load` (policies/common.py ``start_cpu_load``).
     """
 
     config: SchedulerConfig
@@ -168,6 +172,7 @@ class EngineView(Protocol):
     num_scheduler_steps: int
     pipeline_async: bool
     kv_holding: "deque[Request]"
+    kv_offload: "KVOffloader | None"
 
     @property
     def now(self) -> float: ...
@@ -175,6 +180,13 @@ class EngineView(Protocol):
     def admit(self, request: Request, num_computed_tokens: int) -> None:
         """Move the waiting head (already popped by the scheduler) to running with ``num_computed_tokens`` from
         the prefix cache; records prefix-hit statistics on its first scheduling."""
+        ...
+
+    def start_cpu_load(self, request: Request, num_gpu_hit: int, num_cpu_tokens: int) -> None:
+        """Copy ``num_cpu_tokens`` tokens of the request's KV back from the CPU tier into the blocks just allocated
+        for it (after its ``num_gpu_hit`` GPU prefix-hit tokens). The request, already taken out of ``waiting``,
+        waits for the copy (vLLM ``WAITING_FOR_REMOTE_KVS``) and then joins ``kv_holding`` holding C = the loaded
+        tokens (``num_tokens - 1`` when the load covered them all)."""
         ...
 
     def preempt(self, request: Request, reason: str = "", requeue: str | None = None) -> None:
@@ -200,6 +212,7 @@ class Scheduler(Protocol):
     supports_pipelining: bool
     supports_speculation: bool
     admits_kv_holding: bool
+    supports_kv_offload: bool
 
     def make_queue(self, config: SchedulerConfig) -> WaitingQueue: ...
 
@@ -228,6 +241,9 @@ class SchedulerBase:
     - ``admits_kv_holding``: the policy admits ``EngineView.kv_holding`` (requests whose KV another instance sent
       and which hold their blocks) before ``waiting``, as vLLM 0.33 drains ``kv_holding_waiting`` first. Without it
       the engine puts such requests at the head of ``waiting``.
+    - ``supports_kv_offload``: the policy looks waiting requests up in ``EngineView.kv_offload`` (the CPU tier)
+      after their GPU prefix hit and starts their loads (policies/common.py ``start_cpu_load``); KV offloading is
+      refused with a policy that does not.
     - :meth:`make_queue`: the waiting queue the policy wants (default: FCFS or priority by ``config.queue_policy``).
     - :meth:`max_step_tokens`: the most tokens one of its steps may hold (default ``max_num_batched_tokens``;
       None for a policy with a budget of its own, e.g. Orca's whole prompts).
@@ -239,6 +255,7 @@ class SchedulerBase:
     supports_pipelining = False
     supports_speculation = False
     admits_kv_holding = False
+    supports_kv_offload = False
 
     def make_queue(self, config: SchedulerConfig) -> WaitingQueue:
         """The waiting queue of an instance run by this policy."""

@@ -23,6 +23,8 @@ class Hardware:
         link_bandwidth: scale-up interconnect per GPU, one direction, B/s.
         pcie_bandwidth: host link, one direction, B/s.
         num_sms: streaming multiprocessors (AMD: compute units) a GEMM's output tiles are spread over.
+        pcie_latency_s: fixed seconds of one host-link copy (catalog ``pcie_latency_us``, optional; default
+            :data:`DEFAULT_PCIE_LATENCY_S`).
     """
 
     name: str
@@ -33,12 +35,18 @@ class Hardware:
     link_bandwidth: float
     pcie_bandwidth: float
     num_sms: int
+    pcie_latency_s: float = 10e-6  # = DEFAULT_PCIE_LATENCY_S
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak for a GEMM dtype; fp8 falls back to bf16 on GPUs without FP8 tensor cores."""
         if dtype.startswith("fp8") and self.fp8_flops:
             return self.fp8_flops
         return self.bf16_flops
+
+
+# Fixed cost of one cudaMemcpyAsync over PCIe (launch plus link round trip): an order-of-magnitude figure of several
+# microseconds, not a measurement of this project; a catalog entry may set its own ``pcie_latency_us``.
+DEFAULT_PCIE_LATENCY_S = 10e-6
 
 
 @lru_cache(maxsize=1)
@@ -68,6 +76,7 @@ def load_hardware(name: str) -> Hardware:
                 link_bandwidth=float(e["link_gbps"]) * 1e9,
                 pcie_bandwidth=float(e["pcie_gbps"]) * 1e9,
                 num_sms=int(e["num_sms"]),
+                pcie_latency_s=float(e.get("pcie_latency_us", DEFAULT_PCIE_LATENCY_S * 1e6)) * 1e-6,
             )
     raise ValueError(f"hardware {name!r} is not in the catalog; known: {', '.join(sorted(cat))}")
 

@@ -6,7 +6,8 @@ One iteration = ``embedding(T)`` + L x [``layernorm(T)`` x 2 + the other per-lay
 ``attention(pc, kp, nd, kvd)`` + two TP all-reduces] + ``final_layernorm(T)`` + ``lm_head(S)`` + ``sampler(S)``,
 where T = tokens in the step, S = sequences, pc / kp = Σ new / already-computed tokens of prefill chunks, nd = number
 of decodes and kvd = their mean KV length. Profiles are one decoder layer measured in eager mode, in microseconds;
-TP > 1 profiles hold per-rank shapes without communication, so the all-reduce is added from a link model.
+TP > 1 profiles hold per-rank shapes without communication, so the all-reduce of T x hidden bf16 activations is
+added from the communication model (lab/costmodel/comm.py: the algorithm vLLM picks for that size on the link).
 Lookups are linear in every axis (clamped below the grid, extrapolated above it); the 4-D attention table is read
 bilinearly over (kp, kvd) inside each bracketing (pc, nd) slice and blended linearly over nd and pc; a missing slice
 falls back to the nearest one on the nd axis. With ``skew_fit.csv`` present, decode attention is corrected for
@@ -22,6 +23,7 @@ import pandas as pd
 import yaml
 
 from lab.core.batch import BatchShape
+from lab.costmodel import comm
 from lab.costmodel.base import CostModelBase
 from lab.costmodel.model_arch import ModelArch
 
@@ -121,8 +123,8 @@ class LLMServingSimProfileCostModel(CostModelBase):
         profile_dir: folder with ``dense.csv``, ``attention.csv`` and ``per_sequence.csv`` (times in µs).
         model: architecture (number of layers, hidden size for the all-reduce size).
         tp: tensor-parallel size the profiles were taken at.
-        link_bandwidth: all-reduce link bandwidth, B/s (one direction).
-        link_latency_s: per-hop latency of a collective, seconds.
+        link: the TP group's link (lab/costmodel/comm.py; the experiment picks it from the catalog with
+            ``comm.group_link``); default: PCIe 5 without P2P, only used when ``tp > 1``.
         use_skew: apply ``skew_fit.csv`` when present.
 
     Raises:
@@ -133,7 +135,7 @@ class LLMServingSimProfileCostModel(CostModelBase):
     name = "llmservingsim_profile"
 
     def __init__(self, profile_dir: str | Path, model: ModelArch, tp: int = 1,
-                 link_bandwidth: float = 16e9, link_latency_s: float = 1e-6, use_skew: bool = True) -> None:
+                 link: comm.LinkSpec | None = None, use_skew: bool = True) -> None:
         d = Path(profile_dir)
         for f in ("dense.csv", "attention.csv", "per_sequence.csv"):
             if not (d / f).is_file():
@@ -141,8 +143,7 @@ class LLMServingSimProfileCostModel(CostModelBase):
                                         "folder holds dense.csv, attention.csv and per_sequence.csv)")
         self.model = model
         self.tp = tp
-        self.link_bandwidth = link_bandwidth
-        self.link_latency_s = link_latency_s
+        self.link = link or comm.LINKS["pcie5_no_p2p"]
         self.dense = self._read_1d(d / "dense.csv", "layer", "tokens")
         self.per_seq = self._read_1d(d / "per_sequence.csv", "layer", "sequences")
         self.attn = _AttentionTable(pd.read_csv(d / "attention.csv"), str(d / "attention.csv"))
@@ -254,8 +255,7 @@ class LLMServingSimProfileCostModel(CostModelBase):
     def _allreduce_s(self, T: int) -> float:
         if self.tp == 1:
             return 0.0
-        byts = T * self.model.hidden_size * 2
-        return self.link_latency_s + 2.0 * (self.tp - 1) / self.tp * byts / self.link_bandwidth
+        return comm.allreduce(self.link, self.tp, T * self.model.hidden_size * 2)
 
     def breakdown(self, shape: BatchShape) -> dict[str, float]:
         """Step time split into dense layers, attention, MoE, communication and head (seconds)."""

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from lab.core.batch import BatchShape
-from lab.costmodel import ops
+from lab.costmodel import comm, ops
 from lab.costmodel.base import CostModelBase
 from lab.costmodel.features import gemm_features, mla_module_work
 from lab.costmodel.fit import Curve, CurveSet
@@ -124,8 +124,13 @@ class OperatorCostModel(CostModelBase):
         tables: measured tables of this GPU, or None.
         curves: fitted curves (any GPUs), or None for none.
         efficiency: plain-roofline efficiencies and latencies (also ``step_overhead_s``).
-        link_bandwidth: scale-up link bandwidth per GPU, one direction, B/s (default: the catalog's).
-        link_latency_s: latency of one collective when it is costed from the link model.
+        link_bandwidth: overrides the NCCL bus bandwidth of the links below, B/s (``hardware.link_gbps``).
+        link_latency_s: overrides the NCCL latency of the links below, seconds (None: the link's own).
+        links: (TP link, EP link, PP link) of lab/costmodel/comm.py; default: the catalog's link for the GPUs each
+            group spans (``comm.group_link``: a group larger than a node runs on the inter-node link). Collectives
+            without a measured table or fitted curve are priced by comm.py.
+        all2all_backend: vLLM ``--all2all-backend`` for EP dispatch/combine ("allgather_reducescatter", "all2all",
+            "deepep").
         moe_imbalance: multiplies the routed-expert time (busiest GPU / mean; 1 = balanced routing).
         enforce_eager: no CUDA graphs: each call costs at least ``kernels x cpu_launch_s``.
         cpu_launch_s: host time to issue one kernel in eager mode.
@@ -136,8 +141,10 @@ class OperatorCostModel(CostModelBase):
     def __init__(self, model: ModelArch, hardware: Hardware, parallel: Parallelism | None = None,
                  weight_dtype: str = "bf16", kv_dtype: str = "bf16", tables: TableSet | None = None,
                  curves: CurveSet | None = None, efficiency: Efficiency | None = None,
-                 link_bandwidth: float | None = None, link_latency_s: float = 10e-6, moe_imbalance: float = 1.0,
-                 enforce_eager: bool = False, cpu_launch_s: float = 6e-6) -> None:
+                 link_bandwidth: float | None = None, link_latency_s: float | None = None,
+                 moe_imbalance: float = 1.0, enforce_eager: bool = False, cpu_launch_s: float = 6e-6,
+                 links: tuple[comm.LinkSpec, comm.LinkSpec, comm.LinkSpec] | None = None,
+                 all2all_backend: str = "all2all") -> None:
         self.model = model
         self.hw = hardware
         self.par = parallel or Parallelism()
@@ -151,8 +158,18 @@ class OperatorCostModel(CostModelBase):
         self.tables = tables
         self.curves = curves
         self.eff = efficiency or Efficiency()
-        self.link = link_bandwidth or hardware.link_bandwidth
-        self.link_latency = link_latency_s
+        p0 = self.par
+        if links is None:
+            links = (comm.group_link(hardware.name, p0.tp), comm.group_link(hardware.name, p0.ep),
+                     comm.group_link(hardware.name, p0.tp * p0.pp))
+        if link_bandwidth:
+            links = tuple(lk.with_bandwidth(link_bandwidth) for lk in links)  # type: ignore[assignment]
+        if link_latency_s is not None:
+            links = tuple(lk.with_latency(link_latency_s) for lk in links)  # type: ignore[assignment]
+        self.tp_link, self.ep_link, self.pp_link = links
+        if all2all_backend not in comm.EP_BACKENDS:
+            raise ValueError(f"all2all_backend {all2all_backend!r}: expected one of {', '.join(comm.EP_BACKENDS)}")
+        self.all2all_backend = all2all_backend
         if moe_imbalance < 1.0:
             raise ValueError(f"moe_imbalance must be >= 1, got {moe_imbalance}")
         self.moe_imbalance = moe_imbalance
@@ -249,9 +266,8 @@ class OperatorCostModel(CostModelBase):
             c, src = self._curve("allreduce", f"{backend}/{n}")
             if c is not None:
                 return (lambda b: c.time(0.0, ops.allreduce_bytes(b, n), {"bytes": b}) if b > 0 else 0.0), src
-        bw = self.link * self.eff.link
-        lat = self.eff.allreduce_latency_s
-        return (lambda b: lat + ops.allreduce_bytes(b, n) / bw if b > 0 else 0.0), "roofline (link)"
+        link = self.tp_link
+        return (lambda b: comm.allreduce(link, n, b)), f"comm:{link.name}"
 
     def _sendrecv_fn(self):
         if self.tables is not None:
@@ -261,9 +277,8 @@ class OperatorCostModel(CostModelBase):
         c, src = self._curve("sendrecv", "all")
         if c is not None:
             return (lambda b: c.time(0.0, b, {"bytes": b})), src
-        bw = self.link * self.eff.link
-        lat = self.link_latency
-        return (lambda b: lat + b / bw), "roofline (link)"
+        link = self.pp_link
+        return (lambda b: comm.sendrecv(link, b)), f"comm:{link.name}"
 
     def _stage_counts(self, stage_layers: tuple[int, ...]) -> list[tuple[int, int, int]]:
         """(layers, dense-MLP layers, MoE layers) on each pipeline stage; the dense layers are the first ones
@@ -456,14 +471,13 @@ class OperatorCostModel(CostModelBase):
         if p.ep > 1:
             remote = ops.expected_remote_ranks(k, p.ep)
             disp_b = 1.0 if self.wdtype == "fp8" else 2.0
-            bw = self.link * self.eff.link
-            lat = self.link_latency
+            link, backend = self.ep_link, self.all2all_backend
 
             def a2a(T: int, S: int) -> float:
-                return 2 * lat + T * remote * h * (disp_b + 2.0) / bw if T > 0 else 0.0
+                return comm.ep_dispatch_combine(link, p.ep, T, h, k, disp_b, backend)
             self.tok_ops.append(_TokOp("ep_alltoall", "communication", self._calls(_MOE), a2a,
-                                       lambda T, S: (0.0, T * remote * h * (disp_b + 2.0)), "roofline (link)",
-                                       kernels=2, where=_MOE))
+                                       lambda T, S: (0.0, T * remote * h * (disp_b + 2.0)),
+                                       f"comm:{link.name} [{backend}]", kernels=2, where=_MOE))
 
     # ------------------------------------------------------------------------------------------ attention
     def _attention_layer(self, shape: BatchShape) -> tuple[float, float]:
@@ -800,7 +814,8 @@ def build_operator_cost_model(exp, model: ModelArch, hw: Hardware,
     over = {k: v for k, v in c.efficiency.model_dump().items() if v is not None}
     kv_dtype = resolve_kv_dtype(exp.model.dtype, exp.model.kv_cache_dtype)
     link = (h.link_gbps * 1e9) if h.link_gbps else None
+    latency = h.link_latency_us * 1e-6 if "link_latency_us" in h.model_fields_set else None
     return OperatorCostModel(model, hw, par, weight_dtype=exp.model.dtype, kv_dtype=kv_dtype, tables=tables,
                              curves=curves, efficiency=Efficiency(**over), link_bandwidth=link,
-                             link_latency_s=h.link_latency_us * 1e-6, moe_imbalance=c.moe_imbalance,
+                             link_latency_s=latency, moe_imbalance=c.moe_imbalance,
                              enforce_eager=not exp.engine.cudagraph, cpu_launch_s=c.cpu_launch_us * 1e-6)

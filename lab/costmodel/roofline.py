@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lab.core.batch import BatchShape
+from lab.costmodel import comm
 from lab.costmodel.base import CostModelBase
 from lab.costmodel.hardware import Hardware
 from lab.costmodel.model_arch import ModelArch, dtype_bytes
@@ -49,18 +50,22 @@ class RooflineCostModel(CostModelBase):
         weight_dtype: GEMM weight dtype ("bf16" or "fp8").
         kv_dtype: KV-cache dtype.
         efficiency: achievable fractions and latencies.
+        link: the TP group's link (lab/costmodel/comm.py); default: the catalog's link for ``tp`` GPUs of this type
+            (``comm.group_link``). The all-reduce is priced by the communication model.
     """
 
     name = "roofline"
 
     def __init__(self, model: ModelArch, hardware: Hardware, tp: int = 1, weight_dtype: str = "bf16",
-                 kv_dtype: str = "bf16", efficiency: Efficiency | None = None) -> None:
+                 kv_dtype: str = "bf16", efficiency: Efficiency | None = None,
+                 link: comm.LinkSpec | None = None) -> None:
         if tp < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
         self.model = model
         self.hw = hardware
         self.tp = tp
         self.eff = efficiency or Efficiency()
+        self.link = link or comm.group_link(hardware.name, tp)
         self.wbytes = dtype_bytes(weight_dtype)
         self.abytes = 2  # activations in bf16
         self.kv_layer_bytes = model.kv_bytes_per_token(kv_dtype, tp) / model.num_layers
@@ -156,8 +161,7 @@ class RooflineCostModel(CostModelBase):
     def _allreduce(self, byts: float) -> float:
         if self.tp == 1:
             return 0.0
-        e = self.eff
-        return e.allreduce_latency_s + 2.0 * (self.tp - 1) / self.tp * byts / (self.hw.link_bandwidth * e.link)
+        return comm.allreduce(self.link, self.tp, byts)
 
     def breakdown(self, shape: BatchShape) -> dict[str, float]:
         """Step time split into gemm, attention, moe, elementwise, communication, head and overhead (seconds)."""

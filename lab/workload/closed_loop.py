@@ -4,7 +4,9 @@
 Each request's planned arrival time (from the trace or the generator's rate) is the earliest it may be sent,
 measured from the start of its phase; it is sent at the first moment after that when fewer than N requests are in
 flight, and its ``arrival_time`` becomes that send time, so TTFT is measured from the client's send. A completed
-request (finished or rejected) frees its slot after ``think_time_s``. The first ``num_warmup`` requests form a
+request (finished or rejected) frees its slot ``think_time_s`` after the client has received its last token (the
+engine's finish plus the front-end's streaming time, lab/cluster/frontend.py; with a front-end, ``arrival_time`` is
+then the engine's queue entry and ``sent_time`` the send). The first ``num_warmup`` requests form a
 warm-up phase: they are sent the same way, the measured phase starts when the last of them has completed, and they
 are marked ``warmup`` and left out of the metrics (``vllm bench serve --num-warmups``: warm-up requests run before
 the benchmark's clock starts).
@@ -16,6 +18,7 @@ from typing import Callable
 
 import simpy
 
+from lab.cluster.frontend import received_time
 from lab.core.request import Request
 from lab.engine.window import delay_until
 
@@ -98,14 +101,16 @@ class ClosedLoopClients:
             self.arrive(r)
 
     def completed(self, request: Request) -> None:
-        """A request finished or was rejected: free its slot (after the think time), at the exact time it ended."""
-        done = request.finish_time if request.finish_time is not None else max(self.env.now, request.arrival_time)
+        """A request finished or was rejected: free its slot (after the think time), at the exact time the client
+        received its last token (or its rejection)."""
+        fin = request.finish_time
+        done = received_time(request, fin) if fin is not None else max(self.env.now, request.arrival_time)
         if request.warmup:
             self._pending_warmup -= 1
             self._warmup_end = max(self._warmup_end, done)
             if self._pending_warmup == 0 and self._warmup_done is not None:
                 self._warmup_done.succeed()
-        if self.think_time_s > 0:
+        if self.think_time_s > 0 or (fin is not None and request.stream_s > 0):
             self.env.process(self._release_later(done + self.think_time_s))
         else:
             self._release(done)
@@ -124,7 +129,7 @@ class ClosedLoopClients:
 
 class SessionClients:
     """Multi-turn conversations: each session sends its first turn at its start time and turn i+1 when turn i's
-    answer has come back (finished) plus ``think_time_s``; a session whose turn is rejected stops there.
+    answer has come back (its last token received by the client) plus ``think_time_s``; a session whose turn is rejected stops there.
 
     Args:
         env: the SimPy environment.
@@ -180,7 +185,7 @@ class SessionClients:
                 for later in convo[k + 1:]:
                     later.reason = f"not sent: turn {k + 1} of its session was rejected"
                 return
-            t = r.finish_time + self.think_time_s
+            t = received_time(r, r.finish_time) + self.think_time_s
 
     def completed(self, request: Request) -> None:
         """A turn finished or was rejected: its session may go on."""
