@@ -1,13 +1,13 @@
-"""The per-step records of one instance, kept column-wise in compact arrays (one row per step)."""
+"""The per-step records of one instance, kept column-wise in compact arrays (one row per step), with memory bounded
+by a fixed number of rows held: older rows go to a Parquet spill file (full log) or are folded into running totals
+(summarized log, no rows kept)."""
 
 from __future__ import annotations
 
+import os
 from array import array
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 STEP_COLUMNS = (
     "instance", "start", "duration", "scheduled_tokens", "prefill_tokens", "decode_requests", "batch_size",
@@ -16,6 +16,128 @@ STEP_COLUMNS = (
 )
 # what a StepLog stores per row; "instance" and "kv_usage" (= kv_blocks_used / usable blocks) are added when read
 LOGGED_COLUMNS = tuple(c for c in STEP_COLUMNS if c not in ("instance", "kv_usage"))
+
+# Rows an instance's log holds in memory at most (plus the rows of one fast-forward jump): 14 float64 columns,
+# about 7.3 MB per instance, whatever the length of the run.
+ROW_BUDGET = 1 << 16
+# A summarized log folds its rows into the totals this often (the rows are needed for nothing else).
+SUMMARY_ROWS = 1 << 12
+
+
+class ExactSum:
+    """The exactly rounded sum of float64 values, whatever their order or grouping (so totals folded chunk by chunk,
+    instance by instance, equal those of the whole log at once).
+
+    Each value is split into an integer mantissa times a power of two (``numpy.frexp``: ``v = m · 2**e``, ``m · 2**53``
+    an integer); the mantissas are summed exactly per exponent (two 27/26-bit halves, whose per-chunk sums stay
+    below 2**53 and so are exact in float64 ``bincount``) and kept as Python integers; :meth:`value` rounds the one
+    exact total to the nearest float64 (Python's int / int division is correctly rounded). Values must be finite.
+    """
+
+    __slots__ = ("_by_exp",)
+    _CHUNK = 1 << 24  # values per bincount: 2**27 · 2**24 < 2**53 keeps every partial sum exact
+
+    def __init__(self) -> None:
+        self._by_exp: dict[int, int] = {}
+
+    def add(self, values: np.ndarray) -> None:
+        """Add a 1-D float64 array (seconds, or any unit; finite values)."""
+        for i in range(0, len(values), self._CHUNK):
+            self._add(values[i:i + self._CHUNK])
+
+    def _add(self, values: np.ndarray) -> None:
+        if not len(values):
+            return
+        mant, exp = np.frexp(values)
+        ints = (mant * 9007199254740992.0).astype(np.int64)  # m · 2**53, exact
+        lo_mask = (1 << 26) - 1
+        e0 = int(exp.min())
+        idx = exp - e0
+        hi = np.bincount(idx, weights=(ints >> 26).astype(np.float64))
+        lo = np.bincount(idx, weights=(ints & lo_mask).astype(np.float64))
+        by_exp = self._by_exp
+        for k in np.flatnonzero((hi != 0) | (lo != 0)):
+            e = e0 + int(k)
+            by_exp[e] = by_exp.get(e, 0) + (int(hi[k]) << 26) + int(lo[k])
+
+    def merge(self, other: "ExactSum") -> None:
+        """Add another sum's values."""
+        for e, v in other._by_exp.items():
+            self._by_exp[e] = self._by_exp.get(e, 0) + v
+
+    def value(self) -> float:
+        """The sum, rounded once to the nearest float64 (0.0 when empty)."""
+        if not self._by_exp:
+            return 0.0
+        e0 = min(self._by_exp)
+        total = sum(v << (e - e0) for e, v in self._by_exp.items())
+        shift = e0 - 53
+        return float(total << shift) if shift >= 0 else total / (1 << -shift)
+
+
+class StepTotals:
+    """Running totals over step rows: what the run summary's engine statistics need (``lab/report/run_report.py``).
+
+    ``num_steps``; sums of ``batch_size`` and ``scheduled_tokens`` (integers); ``busy`` = the exact sum of step
+    durations (s) and ``kv_weighted`` = the exact sum of ``kv_usage · duration`` (s), both :class:`ExactSum`, so
+    totals do not depend on how rows were grouped; peaks of ``kv_usage``, ``num_running`` and ``num_waiting``.
+    """
+
+    __slots__ = ("num_steps", "batch", "tokens", "busy", "kv_weighted", "peak_kv", "peak_running", "peak_waiting")
+
+    def __init__(self) -> None:
+        self.num_steps = 0
+        self.batch = 0
+        self.tokens = 0
+        self.busy = ExactSum()
+        self.kv_weighted = ExactSum()
+        self.peak_kv = 0.0
+        self.peak_running = 0
+        self.peak_waiting = 0
+
+    def add_rows(self, cols: dict[str, np.ndarray], usable_blocks: int) -> None:
+        """Fold rows given as LOGGED_COLUMNS arrays (float64, equal lengths) of an instance with ``usable_blocks``."""
+        n = len(cols["start"])
+        if not n:
+            return
+        d = cols["duration"]
+        kv = cols["kv_blocks_used"] / usable_blocks
+        self.num_steps += n
+        self.batch += int(cols["batch_size"].sum())  # integers below 2**53: exact in float64
+        self.tokens += int(cols["scheduled_tokens"].sum())
+        self.busy.add(d)
+        self.kv_weighted.add(kv * d)
+        self.peak_kv = max(self.peak_kv, float(kv.max()))
+        self.peak_running = max(self.peak_running, int(cols["num_running"].max()))
+        self.peak_waiting = max(self.peak_waiting, int(cols["num_waiting"].max()))
+
+    def merge(self, other: "StepTotals") -> None:
+        """Add another log's totals (another instance, or rows held apart)."""
+        self.num_steps += other.num_steps
+        self.batch += other.batch
+        self.tokens += other.tokens
+        self.busy.merge(other.busy)
+        self.kv_weighted.merge(other.kv_weighted)
+        self.peak_kv = max(self.peak_kv, other.peak_kv)
+        self.peak_running = max(self.peak_running, other.peak_running)
+        self.peak_waiting = max(self.peak_waiting, other.peak_waiting)
+
+    def engine_stats(self) -> dict | None:
+        """The summary's ``engine`` section (None without steps): ``num_steps``, ``mean_batch_size`` (requests),
+        ``mean_scheduled_tokens``, ``busy_time_s``, ``peak_kv_usage`` and duration-weighted ``mean_kv_usage``
+        (fractions of the usable blocks), ``peak_running``, ``peak_waiting``."""
+        n = self.num_steps
+        if not n:
+            return None
+        busy = self.busy.value()
+        return {"num_steps": n, "mean_batch_size": self.batch / n, "mean_scheduled_tokens": self.tokens / n,
+                "busy_time_s": busy, "peak_kv_usage": self.peak_kv,
+                "mean_kv_usage": self.kv_weighted.value() / busy if busy else 0.0,
+                "peak_running": self.peak_running, "peak_waiting": self.peak_waiting}
+
+
+class StepLogSummarized(ValueError):
+    """The per-step rows of a summarized log were asked for (``output.step_log: summary`` keeps none)."""
 
 
 class StepLog:
@@ -28,20 +150,26 @@ class StepLog:
     is the step's slot in the in-flight window under pipeline parallelism (its sequence number modulo
     ``max_concurrent_batches``; 0 without PP, ``num_slots`` = 1).
 
-    With ``spill_path`` set, every ``chunk_rows`` rows are written to that Parquet file and dropped from memory,
-    so a long run's memory does not grow with its history.
+    Memory is bounded by rows held, not by the run's length: once ``chunk_rows`` rows are held (checked before each
+    append), all but the last (which an arrival may still update, :meth:`add_waiting`) are folded into
+    :meth:`totals` and then, with ``spill_path`` set, written to that Parquet file (created on the first spill);
+    with ``summary`` they are dropped: the log keeps only the totals and :meth:`frames` raises. Without either,
+    every row stays in memory (``simulation.step_log: memory``).
     """
 
     def __init__(self, instance_id: int = 0, usable_blocks: int = 1, spill_path: str | None = None,
-                 chunk_rows: int = 1 << 16, num_slots: int = 1) -> None:
+                 chunk_rows: int = ROW_BUDGET, num_slots: int = 1, *, summary: bool = False) -> None:
         self.instance_id = instance_id
         self.usable_blocks = usable_blocks
         self.num_slots = num_slots
+        self.summary = summary
+        self.spill_path = None if summary else spill_path
+        self.chunk_rows = min(chunk_rows, SUMMARY_ROWS) if summary else chunk_rows
+        self.bounded = summary or spill_path is not None  # rows are folded away once chunk_rows are held
         self.cols = {c: array("d") for c in LOGGED_COLUMNS}
         self._cols = list(self.cols.values())
-        self.spill_path = spill_path
-        self.chunk_rows = chunk_rows
-        self.spilled_rows = 0
+        self.spilled_rows = 0  # rows no longer held (in the spill file, or only in the totals)
+        self._folded = StepTotals()
         self._writer = None
 
     def append(self, start: float, duration: float, scheduled: int, prefill: int, decodes: int, batch: int,
@@ -56,6 +184,8 @@ class StepLog:
 
     def extend(self, start: list, duration: list, batch: list, used: list, running: int, waiting: int) -> None:
         """Append pure-decode rows (fast-forward): ``batch[i]`` requests each computing and sampling one token."""
+        if self.bounded:
+            self.maybe_spill()
         n = len(start)
         (c_start, c_dur, c_sched, c_pre, c_dec, c_batch, c_used, c_run, c_wait, c_pree, c_out,
          c_xfer, c_slot, c_stage) = self._cols
@@ -81,11 +211,15 @@ class StepLog:
         self.cols["num_waiting"][-1] += count
 
     def maybe_spill(self) -> None:
-        if self.spill_path is not None and len(self._cols[0]) >= self.chunk_rows:
+        """Fold (and spill) the held rows once ``chunk_rows`` are held; a no-op for an unbounded log."""
+        if self.bounded and len(self._cols[0]) >= self.chunk_rows:
             self.flush()
 
-    def _frame_columns(self) -> dict:
-        cols = {k: np.frombuffer(v, dtype=float) if len(v) else np.array([], float) for k, v in self.cols.items()}
+    def _held(self, rows: slice = slice(None)) -> dict[str, np.ndarray]:
+        return {k: np.frombuffer(v, dtype=float)[rows] if len(v) else np.array([], float)
+                for k, v in self.cols.items()}
+
+    def _frame_columns(self, cols: dict[str, np.ndarray]) -> dict:
         n = len(cols["start"])
         out = {"instance": np.full(n, float(self.instance_id))}
         for c in STEP_COLUMNS[1:]:
@@ -93,31 +227,62 @@ class StepLog:
         return out
 
     def flush(self) -> None:
-        """Write the rows held in memory to the spill file."""
-        n = len(self._cols[0])
-        if not n or self.spill_path is None:
+        """Fold the rows held, all but the last, into the totals; write them to the spill file (full log) or drop
+        them (summarized log). A no-op for an unbounded log."""
+        n = len(self._cols[0]) - 1
+        if n <= 0 or not self.bounded:
             return
-        table = pa.table(self._frame_columns())
-        if self._writer is None:
-            self._writer = pq.ParquetWriter(self.spill_path, table.schema)
-        self._writer.write_table(table)
+        cols = self._held(slice(0, n))
+        self._folded.add_rows(cols, self.usable_blocks)
+        if self.spill_path is not None:
+            self._write(cols)
         self.spilled_rows += n
-        self.cols = {c: array("d") for c in LOGGED_COLUMNS}
+        last = [c[-1] for c in self._cols]
+        self.cols = {c: array("d", (v,)) for c, v in zip(LOGGED_COLUMNS, last)}
         self._cols = list(self.cols.values())
 
+    def _write(self, cols: dict[str, np.ndarray]) -> None:
+        import pyarrow as pa  # noqa: PLC0415 - only a run that spills needs it
+        import pyarrow.parquet as pq  # noqa: PLC0415
+
+        table = pa.table(self._frame_columns(cols))
+        if self._writer is None:
+            os.makedirs(os.path.dirname(self.spill_path) or ".", exist_ok=True)
+            self._writer = pq.ParquetWriter(self.spill_path, table.schema)
+        self._writer.write_table(table)
+
     def close(self) -> None:
+        """Close the spill file (it can be read after). Raises nothing."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
 
+    def totals(self) -> StepTotals:
+        """Totals over every row logged (those folded away and those held), for the summary's engine statistics."""
+        out = StepTotals()
+        out.merge(self._folded)
+        out.add_rows(self._held(), self.usable_blocks)
+        return out
+
     def frames(self, chunk_rows: int = 1 << 19):
-        """The whole log as a sequence of DataFrames (spilled chunks first, then the rows in memory)."""
+        """The whole log as a sequence of DataFrames (spilled chunks first, then the rows in memory).
+
+        Raises:
+            StepLogSummarized: a summarized log (it keeps no rows).
+        """
+        import pandas as pd  # noqa: PLC0415
+
+        if self.summary:
+            raise StepLogSummarized("the step log is summarized (output.step_log: summary): it keeps no per-step "
+                                    "rows; set output.step_log: full for steps.parquet and time series")
         if self.spilled_rows:
+            import pyarrow.parquet as pq  # noqa: PLC0415
+
             self.close()
             for batch in pq.ParquetFile(self.spill_path).iter_batches(batch_size=chunk_rows):
                 yield batch.to_pandas()
         if len(self._cols[0]):
-            yield pd.DataFrame(self._frame_columns())
+            yield pd.DataFrame(self._frame_columns(self._held()))
 
     def __len__(self) -> int:
         return self.spilled_rows + len(self._cols[0])

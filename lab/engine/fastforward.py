@@ -82,6 +82,8 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
     if async_:
         if first is None or first.requests != running or not all(first.samples):
             return None
+        if first.start != env_now or inst.cpu_free > env_now:
+            return None  # the step in flight waited for CPU work: steps are not back to back
     else:
         first = None
     waiting = bool(inst.waiting)
@@ -148,12 +150,23 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
         dts = decode_times(cost, counts, dsum, dmax, dmin, pad_table[counts], by_rem)
         if cpu_terms:
             cpu = opt.cpu_base_s + opt.cpu_per_seq_s * counts + opt.cpu_per_token_s * counts
-            dts = np.maximum(dts, cpu) if async_ else dts + cpu
+            if not async_:
+                dts = dts + cpu
         # End times added one step at a time, as the event loop adds them (cumsum is sequential).
         if async_:
             ends = np.cumsum(np.concatenate(([env_now, first.dt], dts)))[1:]  # the in-flight step, then schedules
         else:
             ends = np.cumsum(np.concatenate(([env_now], dts)))[1:]
+        if async_ and cpu_terms:
+            # schedule j's CPU work runs from the boundary it is made at (env_now, then the end of executed step
+            # j-1) and is hidden only if done by the end of executed step j; the jump stops before the first not
+            hidden = np.concatenate(([env_now], ends[:kk - 1])) + cpu <= ends[:kk]
+            if not hidden.all():
+                k = min(k, int(np.argmin(hidden)))
+                kk = min(kk, k)
+                if k < 2:
+                    return None
+                break
         last = float(ends[-1])
         if kk == k or last >= hint or last >= stop_time:
             break

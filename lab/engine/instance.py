@@ -21,6 +21,7 @@ import simpy
 
 from lab.core.batch import BatchShape, padded_size
 from lab.core.kv_cache import KVCacheManager
+from lab.core.kv_offload import KVOffloader
 from lab.core.outputs import DraftAcceptance, StepOutputs, release_request
 from lab.core.request import Request, RequestStatus
 from lab.core.samples import WeightedSamples
@@ -45,9 +46,14 @@ class EngineOptions:
         async_scheduling: vLLM's async scheduling: the next step is scheduled while the current one runs, so a
             step's CPU work overlaps the previous step's GPU work. Only used with schedulers that declare
             ``supports_async``.
-        cpu_base_s, cpu_per_seq_s, cpu_per_token_s: CPU time of one step (scheduling, input preparation, sampling
-            and output processing) = base + per_seq · sequences + per_token · tokens. Sync scheduling adds it to
-            the GPU time; async scheduling hides it behind the GPU unless it is longer.
+        cpu_base_s, cpu_per_seq_s, cpu_per_token_s, cpu_per_new_request_s: CPU time of one step (scheduling,
+            input preparation, sampling and output processing) = base + per_seq · sequences + per_token · tokens +
+            per_new_request · requests admitted by its schedule (new or resumed: vLLM's ``scheduled_new_reqs``,
+            whose ``add_request`` and model-runner state the CPU builds). Sync scheduling adds it to the GPU time.
+            Async scheduling runs it while the step before is on the GPU (vLLM ``step_with_batch_queue``): the
+            step's GPU work starts once both that step has ended and its own CPU work is done, the CPU work
+            starting when the previous step's CPU work is done and at the earliest when it is scheduled; so it is
+            hidden while shorter than the GPU time it overlaps and shows otherwise (always after an idle spell).
         cudagraph_sizes: sorted token counts with a captured CUDA graph; a step's token count is padded up to the
             next size (full graphs for pure decodes, piecewise graphs for mixed steps; larger steps run unpadded).
             Empty = no padding (eager mode).
@@ -61,6 +67,7 @@ class EngineOptions:
     cpu_base_s: float = 0.0
     cpu_per_seq_s: float = 0.0
     cpu_per_token_s: float = 0.0
+    cpu_per_new_request_s: float = 0.0
     cudagraph_sizes: tuple[int, ...] = ()
     stage_layers: tuple[int, ...] = ()
     record_breakdown: bool = False
@@ -131,6 +138,8 @@ class Instance:
         self.busy_time = 0.0
         self.transfer_total = 0.0
         self.swap = SwapSpace()
+        # KV offloading: the CPU tier of the KV cache (vLLM OffloadingConnector; lab/core/kv_offload.py), or None
+        self.kv_offload: KVOffloader | None = None
         # prefill/decode disaggregation, decode side: requests waiting for blocks for their remote KV (arrival
         # order), the read that starts once they have them (set by the cluster), and reads that completed while a
         # step was in flight (vLLM learns of finished_recving from a step's output)
@@ -150,6 +159,8 @@ class Instance:
         self.wakeup_event: simpy.Event | None = None
         # exact time (seconds) of the last step boundary: SimPy may wake the loop one ulp before it (window.py)
         self.clock = 0.0
+        # async scheduling: when the CPU finishes the work of the last step scheduled (seconds; price_step)
+        self.cpu_free = 0.0
         # fast-forward state (lab/engine/fastforward.py)
         self.stop_time = float("inf")
         self.steady = False
@@ -208,6 +219,8 @@ class Instance:
         lost = request.num_computed_tokens
         swapped = self.config.preemption_mode == "swap" and self.swap.swap_out(request)
         self.kv.free(request)
+        if self.kv_offload is not None:  # its stores in flight finish before its blocks are reused
+            self.kv_offload.preempted(request, self.now)
         request.status = RequestStatus.PREEMPTED
         if not swapped:
             request.num_computed_tokens = 0
@@ -231,6 +244,38 @@ class Instance:
         direction) and the CPU swap space of this instance (bytes; vLLM V0 ``swap_space``, per GPU)."""
         self.swap = SwapSpace(kv_bytes_per_token, pcie_bandwidth, swap_space_bytes)
 
+    def configure_kv_offload(self, offload: KVOffloader) -> None:
+        """Give this instance a CPU tier of the KV cache (KV offloading, lab/core/kv_offload.py). Fast-forward is
+        turned off: every step may store blocks, which a jump over decode steps would skip."""
+        self.kv_offload = offload
+        self._ff = False
+
+    def start_cpu_load(self, request: Request, num_gpu_hit: int, num_cpu_tokens: int) -> None:
+        """Start copying ``num_cpu_tokens`` tokens back from the CPU tier (EngineView ``start_cpu_load``); the
+        request waits, out of every queue, until the engine learns the copy ended (:meth:`_cpu_loaded`). Its GPU
+        prefix hit is its prefix-hit statistic, as if it were admitted now."""
+        if not request.prefix_hit_recorded:
+            request.prefix_hit_recorded = True
+            request.prefix_hit_tokens = num_gpu_hit
+            self.kv.prefix_queries += request.num_tokens
+            self.kv.prefix_hits += num_gpu_hit
+        now = self.now
+        done = self.kv_offload.start_load(request, num_gpu_hit, num_cpu_tokens, now)
+        self._loads_in_flight += 1
+        if request.events is not None:
+            request.events.append((now, "cpu_load", f"{num_cpu_tokens} tokens from the CPU tier after a GPU prefix "
+                                                    f"hit of {num_gpu_hit} ({(done - now) * 1e3:.3f} ms over PCIe)"))
+        env = self.env
+        env.timeout(delay_until(env.now, done)).callbacks.append(lambda _e: self._cpu_loaded(request))
+
+    def _cpu_loaded(self, request: Request) -> None:
+        """A CPU-tier load ended; the scheduler learns of it with the next step's output (at once if none runs)."""
+        self._loads_in_flight -= 1
+        if self.window.steps:
+            self._loaded.append(request)
+        else:
+            self._admit_loaded([request])
+
     @property
     def num_outstanding_tokens(self) -> int:
         """Tokens still to compute (prompt and recompute) or generate for every request on this instance."""
@@ -243,6 +288,9 @@ class Instance:
             total += r.total_tokens
         for r in self.kv_holding:
             total += r.total_tokens - r.num_computed_tokens
+        if self.kv_offload is not None:
+            for r in self.kv_offload.loads:
+                total += r.total_tokens
         return total
 
     # ---- arrivals and hand-offs ----
@@ -336,15 +384,20 @@ class Instance:
     def _admit_loaded(self, requests: list[Request]) -> None:
         """Loaded requests rejoin the head of the waiting queue with C = num_tokens - 1: the last prompt token is
         recomputed and D samples its own first token (vLLM ``_update_waiting_for_remote_kv``); their full blocks
-        are registered for prefix caching now that the KV is there."""
+        are registered for prefix caching now that the KV is there. A request loaded from the CPU tier gets C = the
+        tokens it holds now (GPU hit + CPU hit), ``num_tokens - 1`` when that is all of them."""
         self._before_arrival()
         bs = self.kv.block_size
         for r in reversed(requests):
-            c = r.num_tokens - 1
+            remote = r.remote
+            if remote is not None:
+                c = r.num_tokens - 1
+                remote.times["d_ready"] = self.now
+            else:
+                c = min(self.kv_offload.finish_load(r), r.num_tokens - 1)
             r.num_computed_tokens = c
             if self.kv.enable_prefix_caching and c // bs > r.num_cached_blocks:
                 self.kv.register_full_blocks(r, c // bs)
-            r.remote.times["d_ready"] = self.now
             if self.scheduler.admits_kv_holding:
                 self.kv_holding.appendleft(r)
             else:
@@ -502,6 +555,13 @@ class Instance:
             for r, s in zip(reqs, samples):
                 if s:
                     r.next_decode_eligible_step = nxt
+        offload = self.kv_offload
+        if offload is not None:
+            offload.schedule_stores(step, reqs, now)
+            if offload.flush_until > now:  # a preempted request's stores must finish before this step's forward
+                if offload.flush_until > step.not_before:
+                    step.not_before = offload.flush_until
+            offload.flush_until = 0.0
         return step
 
     def _advance(self, reqs: list[Request], news: list[int], spec: list[int] | None,
@@ -554,9 +614,19 @@ class Instance:
         raise SchedulerContractError(f"instance {self.instance_id}: scheduler {name} broke the scheduler "
                                      f"contract: {rule}")
 
+    def step_cpu_time(self, shape: BatchShape) -> float:
+        """CPU seconds of a step of ``shape`` just scheduled (:class:`EngineOptions`: base + per sequence + per
+        token + per request admitted by this schedule)."""
+        opt = self.options
+        return (opt.cpu_base_s + opt.cpu_per_seq_s * shape.num_seqs + opt.cpu_per_token_s * shape.num_tokens
+                + opt.cpu_per_new_request_s * self._admitted)
+
     def price_step(self, step: ScheduledStep) -> None:
-        """Fill ``step.stage_times``: the cost model's time per pipeline stage, with the step's CPU time (added
-        under sync scheduling, overlapped under async) and its swap copies on the first stage."""
+        """Fill ``step.stage_times``: the cost model's time per pipeline stage, with the step's CPU time and its
+        swap copies on the first stage. Sync scheduling adds the CPU time to the first stage; async scheduling
+        overlaps it with the step in flight instead: ``step.not_before`` becomes the moment the CPU work is done
+        (it starts at max(now, end of the previous step's CPU work)), so the GPU waits for it only when it is
+        longer than what remains of the step in flight (shared/specs/vllm-v1-scheduling.md §4)."""
         opt = self.options
         shape = step.shape
         if opt.cudagraph_sizes and not shape.padded_tokens:
@@ -569,9 +639,16 @@ class Instance:
         if opt.record_breakdown:
             self._record_breakdown(shape)
         dt = times[0]
-        cpu = opt.cpu_base_s + opt.cpu_per_seq_s * shape.num_seqs + opt.cpu_per_token_s * shape.num_tokens
+        cpu = self.step_cpu_time(shape)
         if cpu:
-            dt = max(dt, cpu) if self.async_scheduling else dt + cpu
+            if self.async_scheduling:
+                now = self.now
+                ready = (now if now >= self.cpu_free else self.cpu_free) + cpu
+                self.cpu_free = ready
+                if ready > step.not_before:
+                    step.not_before = ready
+            else:
+                dt += cpu
         if self.swap.pending_s:  # swap preemption: PCIe copies scheduled with this step
             xfer = self.swap.take_pending()
             self.transfer_total += xfer
@@ -608,6 +685,8 @@ class Instance:
             self._steps_since_finish += 1
             if self._steps_since_finish > self._no_finish_limit:
                 self._no_progress()
+        if self.kv_offload is not None:
+            self.kv_offload.step_ended(step, step.requests, end)
         if self._loaded:
             loaded, self._loaded = self._loaded, []
             self._admit_loaded(loaded)
@@ -622,7 +701,7 @@ class Instance:
         self.busy_time += busy
         shape = step.shape
         steps = self.steps
-        if steps.spill_path is not None:
+        if steps.bounded:
             steps.maybe_spill()
         steps.append(step.start, duration, shape.num_tokens, shape.num_tokens - shape.num_decodes, shape.num_decodes,
                      shape.num_seqs, step.used_blocks, len(self.running), len(self.waiting), step.num_preempted,

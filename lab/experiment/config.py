@@ -147,12 +147,30 @@ class HardwareConfig(_Strict):
 
 class CPUOverheadConfig(_Strict):
     """CPU time of one engine step (scheduling, input preparation, sampling, output processing), seconds:
-    base + per_seq · sequences + per_token · tokens. Defaults: a linear fit of Vidur's measured per-iteration CPU
-    overheads (tests/test_engine_calibration.py refits them from the shared CSV)."""
+    base + per_seq · sequences + per_token · tokens + per_new_request · requests the step's schedule admits (new or
+    resumed). Defaults: base and per_seq are a linear fit of Vidur's measured per-iteration CPU overheads
+    (tests/test_engine_calibration.py refits them from the shared CSV); per_token and per_new_request have no
+    measured figure and default to 0 (docs/fidelity.md, "Front-end and CPU overhead"). Under async scheduling the
+    CPU time overlaps the step in flight and shows only when longer (lab/engine/instance.py ``price_step``)."""
 
     base_s: float = Field(8.9e-4, ge=0)
     per_seq_s: float = Field(3.75e-5, ge=0)
     per_token_s: float = Field(0.0, ge=0)
+    per_new_request_s: float = Field(0.0, ge=0, description="per request admitted by the step's schedule")
+
+
+class FrontendConfig(_Strict):
+    """The API server between the client and the engine (lab/cluster/frontend.py), seconds. ``request_s`` +
+    ``per_prompt_token_s`` · prompt tokens pass between the client's send and the engine's queue entry (HTTP
+    parsing, chat template, tokenization, the hop to the engine core); ``per_output_token_s`` passes between the
+    engine emitting an output and the client receiving it (detokenization, the SSE chunk). Client TTFT = that
+    time in + engine TTFT + ``per_output_token_s``. Default 0 everywhere: no measured figure fits a default
+    (docs/fidelity.md lists the published ones and example values); the LLMServingSim validation runs measure from
+    the engine's queue entry and must stay at 0."""
+
+    request_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    per_prompt_token_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    per_output_token_s: float = Field(0.0, ge=0, allow_inf_nan=False)
 
 
 class EngineConfig(_Strict):
@@ -183,6 +201,20 @@ class EngineConfig(_Strict):
         return v
     cpu_overhead: CPUOverheadConfig = CPUOverheadConfig()
     vllm_version: Literal["0.33", "0.19", "0.11"] = Field("0.33", description="behaviour set of this vLLM era")
+    kv_offloading_size: float | None = Field(
+        None, ge=0, description="GiB of CPU memory for KV blocks, over all GPUs of an instance (vLLM "
+        "--kv-offloading-size); unset or 0 = no CPU tier (docs/kv_offloading.md)")
+    kv_offloading_backend: Literal["native", "lmcache"] = Field(
+        "native", description="native: vLLM's OffloadingConnector (vLLM --kv-offloading-backend)")
+
+    @field_validator("kv_offloading_backend")
+    @classmethod
+    def _native_backend(cls, v: str) -> str:
+        if v == "lmcache":
+            raise ValueError("'lmcache' is not modelled: LMCache loads its hits synchronously, layer by layer, in "
+                             "256-token chunks, which the native model would misstate; use 'native' (vLLM's "
+                             "OffloadingConnector; docs/kv_offloading.md)")
+        return v
 
     @field_validator("vllm_version", mode="before")
     @classmethod
@@ -411,8 +443,9 @@ class SimulationConfig(_Strict):
     horizon_s: float | None = Field(None, gt=0, description="stop at this simulated time; the rest is unfinished")
     record_events: bool | None = Field(None, description="keep each request's lifecycle events; default: on up to "
                                        "200,000 requests")
-    step_log: Literal["auto", "memory", "spill"] = Field("auto", description="keep the step log in memory or spill it "
-                                                         "to disk in chunks; auto spills above 200,000 requests")
+    step_log: Literal["auto", "memory", "spill"] = Field("auto", description="where a full step log keeps its rows: "
+                                                         "memory (all of them), or spill (auto, spill: each instance "
+                                                         "holds at most 65,536 rows, older ones go to a Parquet file)")
     fast_forward: bool = Field(True, description="advance stretches of identical decode steps in one exact jump")
     progress: bool = True
 
@@ -448,6 +481,9 @@ class OutputConfig(_Strict):
 
     dir: str | None = None
     plots: bool = True
+    step_log: Literal["full", "summary"] = Field("full", description="full: one row per engine step (steps.parquet, "
+                                                 "time-series plot); summary: no per-step rows, only the running "
+                                                 "totals the summary needs (sweeps); every other output is identical")
     percentile_metrics: str = "ttft,tpot,itl,e2el"
     metric_percentiles: str = "50,90,99"
 
@@ -499,6 +535,7 @@ class Experiment(_Strict):
     cost_model: CostModelConfig = CostModelConfig()
     speculative: SpeculativeConfig | None = None
     simulation: SimulationConfig = SimulationConfig()
+    frontend: FrontendConfig = FrontendConfig()
     validation: ValidationConfig | None = None
     slo: SLOConfig = SLOConfig()
     output: OutputConfig = OutputConfig()

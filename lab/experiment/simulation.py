@@ -14,12 +14,14 @@ from typing import Callable
 import simpy
 
 from lab.cluster.cluster import Cluster, HandOff, Pool
+from lab.cluster.frontend import FrontEnd, FrontEndCost
 from lab.cluster.transfer import TransferCost
 from lab.cluster.lockstep import LockStepGroup
 from lab.experiment.config import Experiment, pool_experiments
 from lab.costmodel.base import CostModel
 from lab.costmodel.hardware import Hardware, load_hardware
-from lab.costmodel.kv_capacity import KVCapacity, derive_num_gpu_blocks
+from lab.costmodel.kv_capacity import KVCapacity, bytes_per_block, derive_num_gpu_blocks
+from lab.costmodel import comm
 from lab.costmodel.llmservingsim import LLMServingSimProfileCostModel
 from lab.costmodel.model_arch import ModelArch, load_model, resolve_kv_dtype
 from lab.costmodel.operator import build_operator_cost_model
@@ -30,6 +32,7 @@ from lab.experiment import speculative as spec_setup
 from lab.core.step_log import StepLog
 from lab.engine.instance import EngineOptions, Instance
 from lab.core.kv_cache import KVCacheManager
+from lab.core.kv_offload import KVOffloader, cpu_tier_blocks
 from lab.core.samples import WeightedSamples
 from lab.core.request import Request, RequestStatus
 from lab.core.sched_api import SchedulerConfig
@@ -278,7 +281,8 @@ def build_deployment(exp: Experiment) -> Deployment:
     stages = tuple(Parallelism(pp=h.pipeline_parallel_size).stage_layers(model.num_layers)) \
         if h.pipeline_parallel_size > 1 else ()
     options = EngineOptions(async_scheduling=_async_scheduling(exp, pick("async_scheduling")), cpu_base_s=c.base_s,
-                            cpu_per_seq_s=c.per_seq_s, cpu_per_token_s=c.per_token_s, cudagraph_sizes=sizes,
+                            cpu_per_seq_s=c.per_seq_s, cpu_per_token_s=c.per_token_s,
+                            cpu_per_new_request_s=c.per_new_request_s, cudagraph_sizes=sizes,
                             stage_layers=stages)
     return Deployment(model, hw, sched, blocks, capacity, cost, options, ver["prepend_unhashed"], derived, drafter)
 
@@ -346,6 +350,14 @@ def lock_step(exp: Experiment) -> bool:
     return h.expert_parallel_size > 1
 
 
+def comm_link(exp: Experiment, hw: Hardware, gpus: int):
+    """The link a collective over ``gpus`` GPUs of the experiment runs on (lab/costmodel/comm.py ``link_for``), with
+    ``hardware.link_gbps`` / an explicitly set ``hardware.link_latency_us`` as overrides."""
+    h = exp.hardware
+    latency = h.link_latency_us if "link_latency_us" in h.model_fields_set else None
+    return comm.link_for(hw.name, gpus, h.link_gbps, latency)
+
+
 def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware, tp: int | None = None,
                      drafter: bool = False) -> CostModel:
     """The experiment's cost model for ``model`` on ``tp`` GPUs (default: the experiment's TP). With ``drafter``
@@ -353,7 +365,6 @@ def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware, tp: int | 
     profiled one falls back to the roofline under ``llmservingsim_profile``."""
     c = exp.cost_model
     tp = tp or exp.hardware.tensor_parallel_size
-    link = (exp.hardware.link_gbps * 1e9) if exp.hardware.link_gbps else hw.link_bandwidth
     h = exp.hardware
     if drafter and c.kind == "operator":
         ep = h.expert_parallel_size if model.is_moe else 1
@@ -362,14 +373,14 @@ def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware, tp: int | 
     profiled = not drafter or exp.speculative is None or exp.speculative.method != "draft_model"
     if c.kind == "llmservingsim_profile" and profiled:
         return LLMServingSimProfileCostModel(exp.path(c.profile_dir, "cost_model.profile_dir"), model, tp=tp,  # type: ignore[arg-type]
-                                             link_bandwidth=link, link_latency_s=exp.hardware.link_latency_us * 1e-6,
-                                             use_skew=c.use_skew)
+                                             link=comm_link(exp, hw, tp), use_skew=c.use_skew)
     if c.kind == "operator":
         return build_operator_cost_model(exp, model, hw)
     over = {k: v for k, v in c.efficiency.model_dump().items() if v is not None}
     eff = Efficiency(**over)
     kv_dtype = resolve_kv_dtype(exp.model.dtype, exp.model.kv_cache_dtype)
-    return RooflineCostModel(model, hw, tp=tp, weight_dtype=exp.model.dtype, kv_dtype=kv_dtype, efficiency=eff)
+    return RooflineCostModel(model, hw, tp=tp, weight_dtype=exp.model.dtype, kv_dtype=kv_dtype, efficiency=eff,
+                             link=comm_link(exp, hw, tp))
 
 
 def simulate(exp: Experiment, requests: list[Request] | None = None,
@@ -410,11 +421,12 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
 
     big = len(reqs) > 200_000
     sim = exp.simulation
+    summary_steps = exp.output.step_log == "summary"
     run = _RunSettings(
         record_events=sim.record_events if sim.record_events is not None else not big,
-        spill_dir=tempfile.mkdtemp(prefix="servelab_steps_") if sim.step_log == "spill" or (
-            sim.step_log == "auto" and big) else None,
-        record_breakdown=record_breakdown, horizon=sim.horizon_s)
+        spill_dir=tempfile.mkdtemp(prefix="servelab_steps_") if sim.step_log != "memory" and not summary_steps
+        else None,
+        record_breakdown=record_breakdown, horizon=sim.horizon_s, summary_steps=summary_steps)
     # the spill folder goes with SimResult.cleanup(), when the run fails, else at the latest when the process exits
     spill = weakref.finalize(env, shutil.rmtree, run.spill_dir, True) if run.spill_dir else None
     instances: list[Instance] = []
@@ -445,6 +457,9 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
 
     # one pool of one instance: arrivals go straight to it (no router, no hand-off)
     arrive = instances[0].add_request if len(built) == 1 and len(instances) == 1 else cluster.arrive
+    frontend = frontend_cost(exp)
+    if not frontend.is_zero:  # the API server: requests reach the engines after it, tokens the clients after it
+        arrive = FrontEnd(env, frontend, arrive).submit
 
     def arrivals():
         for r in reqs:
@@ -519,6 +534,12 @@ def _kv_transfer(exp: Experiment, sub: Experiment, dep: Deployment, pools: list,
 RDMA_NIC_BYTES_PER_S = 50e9
 
 
+def frontend_cost(exp: Experiment) -> FrontEndCost:
+    """The experiment's API-server times (``frontend``; lab/cluster/frontend.py). All zero by default."""
+    f = exp.frontend
+    return FrontEndCost(f.request_s, f.per_prompt_token_s, f.per_output_token_s)
+
+
 def closed_loop_concurrency(exp: Experiment) -> int | None:
     """The closed-loop concurrency: ``workload.concurrency``, else the ``max_concurrency`` a vllm_bench result was
     run with, else None (open loop: requests arrive at their trace times)."""
@@ -546,6 +567,7 @@ class _RunSettings:
     spill_dir: str | None
     record_breakdown: bool
     horizon: float | None
+    summary_steps: bool = False  # output.step_log: summary (no per-step rows, only totals)
 
 
 def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, run: _RunSettings,
@@ -574,12 +596,54 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
             kv_dtype = resolve_kv_dtype(exp.model.dtype, exp.model.kv_cache_dtype)
             inst.configure_swap(dep.model.kv_bytes_per_token(kv_dtype, exp.hardware.tensor_parallel_size),
                                 dep.hardware.pcie_bandwidth, exp.policy.preemption.swap_space_gb * 2**30)
-        if run.spill_dir:
+        if e.kv_offloading_size:  # a CPU tier of the KV cache (vLLM --kv-offloading-size)
+            inst.configure_kv_offload(make_kv_offloader(exp, dep, scheduler))
+        if run.summary_steps:
+            inst.steps = StepLog(i, dep.num_gpu_blocks - 1, num_slots=inst.steps.num_slots, summary=True)
+        elif run.spill_dir:  # each instance holds at most ROW_BUDGET rows; older ones go to its spill file
             inst.steps = StepLog(i, dep.num_gpu_blocks - 1, os.path.join(run.spill_dir, f"steps_{i}.parquet"),
                                  num_slots=inst.steps.num_slots)
         inst.stop_time = run.horizon if run.horizon else float("inf")
         out.append(inst)
     return out
+
+
+def make_kv_offloader(exp: Experiment, dep: Deployment, scheduler) -> KVOffloader:
+    """The CPU tier of one instance for ``engine.kv_offloading_size`` GiB (lab/core/kv_offload.py): capacity from
+    the GPU cache's bytes per block on one rank (lab/costmodel/kv_capacity.py ``bytes_per_block``, drafter layers
+    included) times the TP x PP ranks, the catalog's host link (``pcie_gbps``, ``pcie_latency_us``) per GPU.
+
+    Raises:
+        ValueError: naming ``engine.kv_offloading_size``, with swap preemption, with prefill/decode
+            disaggregation, with a scheduler that does not look up the CPU tier, or with a size smaller than one
+            block.
+    """
+    e = exp.engine
+    field = f"engine.kv_offloading_size ({e.kv_offloading_size} GiB)"
+    if exp.policy.preemption.mode == "swap":
+        raise ValueError(f"{field}: KV offloading is vLLM V1's; it does not combine with policy.preemption.mode "
+                         "swap (V0's swap space); use recompute")
+    if exp.deployment.mode == "disaggregated":
+        raise ValueError(f"{field}: KV offloading with prefill/decode disaggregation is not modelled")
+    if not scheduler.supports_kv_offload:
+        raise ValueError(f"{field}: scheduler {exp.policy.scheduler!r} does not look requests up in the CPU tier; "
+                         "use vllm_v1 or sjf")
+    h = exp.hardware
+    world = h.tensor_parallel_size * h.pipeline_parallel_size
+    cap = dep.derived_kv_capacity or dep.kv_capacity
+    if cap is not None:
+        bpb = cap.bytes_per_block
+    else:
+        kv_dtype = resolve_kv_dtype(exp.model.dtype, exp.model.kv_cache_dtype)
+        drafter = dep.drafter.kv_bytes_per_token if dep.drafter is not None else 0
+        bpb = bytes_per_block(dep.model, e.block_size, kv_dtype, h.tensor_parallel_size,
+                              pp=h.pipeline_parallel_size, extra_bytes_per_token=drafter)
+    blocks = cpu_tier_blocks(e.kv_offloading_size, bpb, world)
+    if blocks < 1:
+        raise ValueError(f"{field}: holds no KV block ({bpb * world:,} bytes per block over {world} GPU(s))")
+    return KVOffloader(blocks, e.block_size, bpb, world, dep.hardware.pcie_bandwidth, dep.hardware.pcie_latency_s,
+                       max_concurrent_loads=dep.scheduler_config.max_num_seqs,
+                       dedupe_loads=e.enable_prefix_caching)
 
 
 def _run_env(env: simpy.Environment, horizon: float | None) -> None:

@@ -5,7 +5,9 @@ Wall time is the simulation itself (``simulate``), after the trace is loaded and
 the process's total wall time is shown too. Vidur, when ``--vidur PATH`` names a checkout of microsoft/vidur with
 its profiling data and its dependencies importable by ``--vidur-python``, is run on the same Azure conversation
 trace with its vLLM scheduler and a Llama-2-7B / A100 replica, and servelab runs the same model, GPU and trace for
-the ratio. Without it the reference figures measured on a 2-core machine are printed instead.
+the ratio. Speed ratios are printed only against a reference measured for the same model, GPU, workload and
+request count (:func:`speed_ratio` refuses any other); references for other setups are kept, with their setup, in
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -31,9 +33,32 @@ WORKLOADS = {
     "mooncake_conv": "bench/mooncake_conv.yaml",
 }
 
-# Vidur (microsoft/vidur, vLLM scheduler, Llama-2-7B / A100, predictors already trained), 2-core machine:
-# Azure 2023 conversation trace 19,366 requests: 103 s wall, 1.9 GB; the trace three times (58,098): 289 s, 3.0 GB.
-VIDUR_REFERENCE = {"azure_conv": {"wall_s": 103.0, "peak_mb": 1900.0, "requests": 19366}}
+@dataclass(frozen=True)
+class Reference:
+    """A speed figure measured for one setup: the simulator, the workload (a WORKLOADS name, or a name for a trace
+    made for the comparison), the model and GPU (this project's catalog names), the request count, whole-process
+    wall seconds and peak resident memory (MB), and where it comes from (a command, a document)."""
+
+    simulator: str
+    workload: str
+    model: str
+    gpu: str
+    requests: int
+    wall_s: float
+    peak_mb: float
+    source: str
+
+
+# Vidur (microsoft/vidur, vLLM scheduler, predictors already trained), 2-core machine: Azure 2023 conversation
+# trace, 19,366 requests, 103 s wall, 1.9 GB (the trace three times, 58,098 requests: 289 s, 3.0 GB). Its model and
+# GPU differ from azure_conv's (Llama-3.1-8B / H100), so speed_ratio refuses it against that workload: it is kept
+# for the record (docs/performance.md), not for a printed ratio.
+VIDUR_REFERENCE = Reference("vidur", "azure_conv", "Llama-2-7B", "A100-80GB-SXM4", 19366, 103.0, 1900.0,
+                            "docs/performance.md (Vidur's Llama-2-7B / A100 run of the Azure conversation trace)")
+
+
+class UnlikeReference(ValueError):
+    """A reference measured for another model, GPU, workload or request count than the run it is compared with."""
 
 
 @dataclass
@@ -46,6 +71,8 @@ class BenchResult:
     steps: int
     jumped_steps: int
     peak_mb: float
+    model: str = ""
+    gpu: str = ""
 
     @property
     def sim_per_wall(self) -> float:
@@ -58,6 +85,23 @@ class BenchResult:
     @property
     def steps_per_wall(self) -> float:
         return self.steps / self.sim_wall_s if self.sim_wall_s else float("nan")
+
+
+def speed_ratio(ours: BenchResult, ref: Reference) -> tuple[float, float]:
+    """(reference wall / our whole-process wall, reference peak MB / our peak MB): how many times faster and
+    leaner servelab ran the same setup.
+
+    Raises:
+        UnlikeReference: ``ref`` was measured for another workload, model, GPU or request count (a ratio between
+            different setups says nothing about the simulators).
+    """
+    ours_setup = (ours.name, ours.model, ours.gpu, ours.requests)
+    ref_setup = (ref.workload, ref.model, ref.gpu, ref.requests)
+    if ours_setup != ref_setup:
+        raise UnlikeReference(f"{ref.simulator} reference ({ref.source}) is for workload {ref.workload!r}, "
+                              f"{ref.model} / {ref.gpu}, {ref.requests:,} requests; this run is {ours.name!r}, "
+                              f"{ours.model} / {ours.gpu}, {ours.requests:,} requests: no ratio")
+    return ref.wall_s / ours.total_wall_s, ref.peak_mb / ours.peak_mb
 
 
 def worker(experiment: str, data_dir: str | None, overrides: str | None) -> None:
@@ -73,6 +117,7 @@ def worker(experiment: str, data_dir: str | None, overrides: str | None) -> None
         "requests": len(reqs), "sim_wall_s": t2 - t1, "load_s": t1 - t0, "sim_end_s": res.sim_end,
         "steps": sum(len(i.steps) for i in res.instances), "jumped_steps": sum(i.jumped_steps for i in res.instances),
         "finished": sum(1 for r in reqs if r.finish_time is not None),
+        "model": res.deployment.model.name, "gpu": res.deployment.hardware.name,
     }))
 
 
@@ -100,7 +145,8 @@ def run_workload(name: str, path: str, data_dir: str | None = None, overrides: d
         args += ["--overrides", json.dumps(overrides)]
     out, wall, peak = _run_child(args)
     d = json.loads(out.strip().splitlines()[-1])
-    return BenchResult(name, d["requests"], d["sim_wall_s"], wall, d["sim_end_s"], d["steps"], d["jumped_steps"], peak)
+    return BenchResult(name, d["requests"], d["sim_wall_s"], wall, d["sim_end_s"], d["steps"], d["jumped_steps"], peak,
+                       d["model"], d["gpu"])
 
 
 # Vidur model names -> this project's catalog names (the models Vidur profiled on the A100 that the catalog has).

@@ -5,6 +5,12 @@ undefined for one-token outputs (left out of TPOT statistics, counted as 0 again
 between consecutive step outputs of a request, pooled over requests. Throughputs divide by duration = last finish −
 first arrival (or the horizon when the run has one). Percentiles are numpy's linear interpolation, as ``vllm bench
 serve`` computes them.
+
+These are the client's view (``vllm bench serve`` measures at the client): with an API server in front of the engine
+(``frontend``, lab/cluster/frontend.py) ``arrival_time`` is the client's send, and TTFT and E2EL run to the client's
+receipt of the first and last token; ``engine_ttft`` and ``engine_e2el`` run from the engine's queue entry
+(``engine_arrival_time``) to the engine's emission of those tokens, as vLLM's own request metrics do
+(v1/metrics/stats.py). With no front-end time the two views are the same numbers. ``queue_time`` is engine-side.
 """
 
 from __future__ import annotations
@@ -15,13 +21,14 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from lab.cluster.frontend import received_time, sent_time
 from lab.core.request import Request, RequestStatus
 
 REQUEST_COLUMNS = [
     "request_id", "instance", "priority", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
     "prompt_tokens", "output_tokens", "generated_tokens", "ttft", "tpot", "e2el", "queue_time", "num_preemptions",
     "prefix_hit_tokens", "status", "reason", "pool", "served_by", "num_drafts", "num_draft_tokens",
-    "num_accepted_tokens",
+    "num_accepted_tokens", "engine_arrival_time", "engine_ttft", "engine_e2el", "received_time",
 ]
 
 DEFAULT_PERCENTILES = (50, 90, 95, 99)
@@ -30,20 +37,32 @@ _STATUS = {RequestStatus.FINISHED: "finished", RequestStatus.REJECTED: "rejected
 
 
 def request_latencies(r: Request) -> tuple[float, float, float]:
-    """(TTFT, TPOT, E2EL) of one request in seconds, as the module docstring defines them: the one definition
-    that the requests table, the summary and the comparison report all use.
+    """(TTFT, TPOT, E2EL) of one request in seconds as the client sees them (the module docstring): the one
+    definition that the requests table, the summary and the comparison report all use. TTFT = the client's receipt
+    of the first token − its send; E2EL the same for the last token; without a front-end, engine times − arrival.
 
     TTFT is NaN until the first token; E2EL and TPOT are NaN unless the request finished; TPOT is NaN for a
     one-token output (``max_tokens`` = 1).
     """
     nan = float("nan")
+    arr = sent_time(r)
+    ft = r.first_token_time
+    fin = r.finish_time if r.status == RequestStatus.FINISHED else None
+    ttft = received_time(r, ft) - arr if ft is not None else nan
+    e2el = received_time(r, fin) - arr if fin is not None else nan
+    tpot = (e2el - ttft) / (r.max_tokens - 1) if fin is not None and r.max_tokens > 1 else nan
+    return ttft, tpot, e2el
+
+
+def engine_latencies(r: Request) -> tuple[float, float]:
+    """(engine TTFT, engine E2EL) of one request in seconds: from its entry into the engine's waiting queue
+    (``arrival_time``) to the step outputs carrying its first and last token, with no front-end time (vLLM's
+    v1/metrics/stats.py definitions). NaN where the token does not exist yet or the request did not finish."""
+    nan = float("nan")
     arr = r.arrival_time
     ft = r.first_token_time
     fin = r.finish_time if r.status == RequestStatus.FINISHED else None
-    ttft = ft - arr if ft is not None else nan
-    e2el = fin - arr if fin is not None else nan
-    tpot = (e2el - ttft) / (r.max_tokens - 1) if fin is not None and r.max_tokens > 1 else nan
-    return ttft, tpot, e2el
+    return (ft - arr if ft is not None else nan, fin - arr if fin is not None else nan)
 
 
 def latency_samples(requests: Iterable[Request]) -> dict[str, np.ndarray]:
@@ -61,7 +80,9 @@ def latency_samples(requests: Iterable[Request]) -> dict[str, np.ndarray]:
 
 def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
     """One row per request (seconds for times; NaN where a time does not exist yet); TTFT, TPOT and E2EL are
-    :func:`request_latencies`."""
+    :func:`request_latencies` (client view), ``engine_ttft`` and ``engine_e2el`` :func:`engine_latencies`.
+    ``arrival_time`` is the client's send, ``engine_arrival_time`` the engine's queue entry, ``first_token_time``
+    and ``finish_time`` the engine's emissions, ``received_time`` the client's receipt of the last token."""
     nan = float("nan")
     rows = []
     for r in requests:
@@ -69,14 +90,16 @@ def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
         ft = r.first_token_time
         fin = r.finish_time if r.status == RequestStatus.FINISHED else None
         ttft, tpot, e2el = request_latencies(r)
+        engine_ttft, engine_e2el = engine_latencies(r)
         rows.append((
-            r.request_id, r.instance_id, r.priority, arr,
+            r.request_id, r.instance_id, r.priority, sent_time(r),
             r.first_scheduled_time if r.first_scheduled_time is not None else nan,
             ft if ft is not None else nan, fin if fin is not None else nan,
             r.prompt_len, r.max_tokens, r.num_output_tokens, ttft, tpot, e2el,
             (r.first_scheduled_time - arr) if r.first_scheduled_time is not None else nan,
             r.num_preemptions, r.prefix_hit_tokens, _STATUS.get(r.status, "unfinished"), r.reason, r.pool,
             ",".join(map(str, r.served_by)), r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens,
+            arr, engine_ttft, engine_e2el, received_time(r, fin) if fin is not None else nan,
         ))
     df = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
     if any(r.session_id is not None for r in requests):
@@ -184,14 +207,19 @@ def summarize(df: pd.DataFrame, itl, steps: pd.DataFrame | None = None, horizon:
         engine: engine statistics already computed (:func:`engine_stats`), instead of ``steps``.
         horizon: the run's fixed horizon, if any (then duration = horizon − first arrival).
         slo: optional ``{"ttft_s": .., "tpot_s": .., "e2el_s": ..}``; None entries are not checked.
+
+    Latencies, duration (first send to the last token received) and goodput are the client's view; with
+    ``engine_ttft`` / ``engine_e2el`` columns, ``engine_latency`` gives the engine's view of TTFT and E2EL (TPOT and
+    ITL are the same in both: the front-end adds one constant time to every output).
     """
     fin = df[df["status"] == "finished"]
     n = len(df)
     first_arrival = float(df["arrival_time"].min()) if n else 0.0
+    last = "received_time" if "received_time" in df.columns else "finish_time"
     if horizon is not None:
         duration = horizon - first_arrival
     else:
-        duration = (float(fin["finish_time"].max()) - first_arrival) if len(fin) else 0.0
+        duration = (float(fin[last].max()) - first_arrival) if len(fin) else 0.0
     dur = duration if duration > 0 else float("nan")
     out_tokens = int(fin["output_tokens"].sum())
     in_tokens = int(fin["prompt_tokens"].sum())
@@ -214,6 +242,9 @@ def summarize(df: pd.DataFrame, itl, steps: pd.DataFrame | None = None, horizon:
         "num_preemptions": int(df["num_preemptions"].sum()),
         "prefix_hit_tokens": int(df["prefix_hit_tokens"].sum()),
     }
+    if "engine_ttft" in df.columns:
+        s["engine_latency"] = {"ttft": describe(fin["engine_ttft"], percentiles),
+                               "e2el": describe(fin["engine_e2el"], percentiles)}
     eng = engine if engine is not None else (engine_stats([steps]) if steps is not None else None)
     if eng:
         s["engine"] = eng
@@ -243,7 +274,10 @@ def vllm_bench_result(df: pd.DataFrame, summary: dict, itl, percentiles: Sequenc
     the ITL distribution for the run (``mean_itl_ms`` etc. come from it), not per request, and the repeated gap
     keeps TTFT + Σ ITL = E2EL exactly. Rejected and unfinished requests are ``errors``. ``df``: the measured
     requests (warm-up excluded); ``summary``: :func:`summarize` of them. ``metrics`` and ``percentiles`` are vLLM's
-    ``--percentile-metrics`` and ``--metric-percentiles``: as in vLLM, a metric not named gets no statistics keys."""
+    ``--percentile-metrics`` and ``--metric-percentiles``: as in vLLM, a metric not named gets no statistics keys.
+    TTFT, TPOT, ITL and E2EL are the client's view, as vLLM measures them; servelab adds the engine's view
+    (``engine_ttfts`` per request, ``mean_engine_ttft_ms``, ``p99_engine_e2el_ms``, ...: queue entry to token
+    emitted, no front-end time) where ``df`` has the ``engine_ttft`` / ``engine_e2el`` columns."""
     fin = df[df["status"] == "finished"]
     out: dict = {
         "model_id": model_id, "num_prompts": int(len(df)), "num_warmups": num_warmups,
@@ -264,6 +298,10 @@ def vllm_bench_result(df: pd.DataFrame, summary: dict, itl, percentiles: Sequenc
         if m == "tpot":
             vals = np.concatenate([vals, np.zeros(int((fin["output_tokens"] <= 1).sum()))])  # vLLM: TPOT 0
         _put_stats(out, m, vals, percentiles)
+    if "engine_ttft" in fin.columns:  # servelab's addition: the engine's view (queue entry -> token emitted)
+        out["engine_ttfts"] = [float(x) for x in fin["engine_ttft"]]
+        for m in (m for m in ("engine_ttft", "engine_e2el") if m.removeprefix("engine_") in metrics):
+            _put_stats(out, m, fin[m].dropna().to_numpy(dtype=float) * ms, percentiles)
     if "itl" not in metrics:
         return out
     d = itl.describe(list(percentiles)) if hasattr(itl, "describe") else describe(itl, percentiles)

@@ -18,12 +18,11 @@ from typing import Iterator
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from lab.core.step_log import STEP_COLUMNS
+from lab.core.step_log import STEP_COLUMNS, StepTotals
+from lab.report.html import write_run_html
 from lab.report.plots import pyplot
-from lab.report.metrics import engine_stats, requests_frame, speculative_stats, summarize, vllm_bench_result
+from lab.report.metrics import requests_frame, speculative_stats, summarize, vllm_bench_result
 from lab.experiment.speculative import acceptance_rates
 from lab.experiment.simulation import SimResult
 
@@ -47,6 +46,20 @@ def iter_steps(result: SimResult):
 
 def num_steps(result: SimResult) -> int:
     return sum(len(i.steps) for i in result.instances)
+
+
+def step_totals(result: SimResult) -> StepTotals:
+    """The step-log totals of every instance (the summary's engine statistics; the same whether the log was kept
+    whole, spilled or summarized: lab/core/step_log.py ``StepTotals``)."""
+    out = StepTotals()
+    for inst in result.instances:
+        out.merge(inst.steps.totals())
+    return out
+
+
+def steps_summarized(result: SimResult) -> bool:
+    """Whether the run kept no per-step rows (``output.step_log: summary``): no steps.parquet, no time series."""
+    return any(inst.steps.summary for inst in result.instances)
 
 
 def steps_frame(result: SimResult) -> pd.DataFrame:
@@ -113,12 +126,33 @@ def instances_table(req: pd.DataFrame, result: SimResult, duration: float) -> li
     return rows
 
 
+def kv_offload_summary(result: SimResult) -> dict | None:
+    """The CPU tier's counters summed over the instances (lab/core/kv_offload.py), or None without KV offloading:
+    capacity (blocks), CPU hits (requests whose load started, tokens loaded), blocks and bytes stored / loaded
+    over the host link (all GPU ranks), CPU-tier evictions."""
+    tiers = [i.kv_offload for i in result.instances if i.kv_offload is not None]
+    if not tiers:
+        return None
+    return {
+        "cpu_blocks": sum(t.tier.num_blocks for t in tiers),
+        "cpu_hit_requests": sum(t.cpu_hit_requests for t in tiers),
+        "cpu_hit_tokens": sum(t.cpu_hit_tokens for t in tiers),
+        "blocks_stored": sum(t.blocks_stored for t in tiers),
+        "blocks_loaded": sum(t.blocks_loaded for t in tiers),
+        "bytes_stored": float(sum(t.bytes_stored for t in tiers)),
+        "bytes_loaded": float(sum(t.bytes_loaded for t in tiers)),
+        "cpu_evictions": sum(t.num_evictions for t in tiers),
+    }
+
+
 def collect(result: SimResult, steps: pd.DataFrame | None = None) -> tuple[pd.DataFrame, dict]:
-    """(requests table, summary dict) of a run; engine statistics from ``steps`` or streamed from the log."""
+    """(requests table, summary dict) of a run. Engine statistics come from the step logs' running totals
+    (:func:`step_totals`), so a summarized log gives the same summary; ``steps`` is accepted for older callers and
+    not read."""
     exp = result.experiment
     req = requests_frame(result.requests)
     slo = exp.slo.model_dump()
-    eng = engine_stats([steps] if steps is not None else iter_steps(result))
+    eng = step_totals(result).engine_stats()
     measured = req[~req["warmup"]] if "warmup" in req else req  # closed-loop warm-up requests are not measured
     summary = summarize(measured, result.itl_samples, horizon=exp.simulation.horizon_s, slo=slo, engine=eng)
     if "warmup" in req:
@@ -128,6 +162,10 @@ def collect(result: SimResult, steps: pd.DataFrame | None = None) -> tuple[pd.Da
     summary["offered_load"] = offered_load(exp)
     summary["instances"] = instances_table(req, result, summary["duration_s"])
     summary["num_swaps"] = int(sum(r.num_swaps for r in result.requests))
+    offload = kv_offload_summary(result)
+    if offload is not None:  # KV offloading: the CPU tier's counters, and each request's tokens loaded from it
+        summary["kv_offload"] = offload
+        req["cpu_loaded_tokens"] = [r.cpu_loaded_tokens for r in result.requests]
     if "engine" in summary:
         summary["engine"]["transfer_s"] = float(sum(i.transfer_total for i in result.instances))
     summary["deployment"] = {
@@ -205,24 +243,29 @@ def write_report(result: SimResult, out_dir: Path, plots: bool = True, atomic: b
         with atomic_dir(out_dir) as tmp:
             return write_report(result, tmp, plots, atomic=False)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if num_steps(result) <= STREAM_STEPS_ABOVE:
+    series = None
+    if steps_summarized(result):  # output.step_log: summary: no per-step rows, so no steps.parquet, no time series
+        pass
+    elif num_steps(result) <= STREAM_STEPS_ABOVE:
         steps = steps_frame(result)
         steps.to_parquet(out_dir / "steps.parquet", index=False)
-        req, summary = collect(result, steps)
         series = bucket_series([steps]) if plots else None
+        del steps
     else:  # long run: stream the log to steps.parquet, chunk by chunk
         _stream_steps(result, out_dir / "steps.parquet")
-        req, summary = collect(result)
         series = bucket_series(iter_steps(result)) if plots else None
+    req, summary = collect(result)
     req.to_parquet(out_dir / "requests.parquet", index=False)
     req.to_csv(out_dir / "requests.csv", index=False)
     ev = events_frame(result)
     if len(ev):
         ev.to_parquet(out_dir / "events.parquet", index=False)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
-    (out_dir / "bench_result.json").write_text(json.dumps(bench_result(result, req, summary), default=_json_default))
+    with open(out_dir / "bench_result.json", "w") as f:
+        write_bench_json(bench_result(result, req, summary), f)
     figs = plot_all(req, series, result, out_dir) if plots else []
     (out_dir / "report.md").write_text(markdown(summary, figs))
+    write_run_html(out_dir, summary, req, ev, series, result.itl_samples, plots=plots)
     return summary
 
 
@@ -266,7 +309,7 @@ class OutputDirError(ValueError):
 # Files a run, a validation or a compare run writes: a folder of only these (or one with summary.json) is an output
 # folder that may be replaced; any other non-empty folder is refused rather than deleted.
 OUTPUT_FILES = frozenset({
-    "requests.parquet", "requests.csv", "steps.parquet", "events.parquet", "summary.json", "report.md",
+    "requests.parquet", "requests.csv", "steps.parquet", "events.parquet", "summary.json", "report.md", "report.html",
     "bench_result.json",
     "latency_cdf.png", "timeseries.png", "run.json", "validation.json", "validation.md", "validation_requests.csv",
     "validation_timeseries.csv", "validation_latency.png", "validation_timeseries.png", "validation_breakdown.png"})
@@ -386,8 +429,30 @@ def linux_libc():
         return None
 
 
+_ITLS_MARK = "\x00itls\x00"
+
+
+def write_bench_json(d: dict, f) -> None:
+    """Write a :func:`bench_result` dict to text file ``f`` exactly as ``json.dumps(d, default=_json_default)``
+    would, but with each request's ``itls`` list (one gap repeated ``output - 1`` times, lab/report/metrics.py
+    ``vllm_bench_result``) written as one repeated string instead of one float at a time: the lists hold a number
+    per output token of the run (2.5 million, 89 MB, for the Azure conversation trace)."""
+    itls = d.get("itls")
+    if not isinstance(itls, list) or not all(isinstance(x, list) and len(set(x)) <= 1 for x in itls):
+        f.write(json.dumps(d, default=_json_default))
+        return
+    head, tail = json.dumps({**d, "itls": _ITLS_MARK}, default=_json_default).split(json.dumps(_ITLS_MARK), 1)
+    f.write(head + "[")
+    for i, gaps in enumerate(itls):
+        f.write((", [" if i else "[") + (", ".join([json.dumps(gaps[0])] * len(gaps)) if gaps else "") + "]")
+    f.write("]" + tail)
+
+
 def _stream_steps(result: SimResult, path: Path) -> None:
     """Write the whole step log to ``path`` chunk by chunk (instance by instance)."""
+    import pyarrow as pa  # noqa: PLC0415 - only a long run streams its log
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
     writer = None
     for chunk in iter_steps(result):
         table = pa.Table.from_pandas(chunk, preserve_index=False)
@@ -451,6 +516,11 @@ def markdown(summary: dict, figures: list[tuple[str, str]]) -> str:
         lines += ["", f"Engine: {eng['num_steps']} steps, mean batch {eng['mean_batch_size']:.1f} requests / "
                       f"{eng['mean_scheduled_tokens']:.0f} tokens, peak KV usage {eng['peak_kv_usage'] * 100:.1f} %, "
                       f"peak running {eng['peak_running']}, peak waiting {eng['peak_waiting']}."]
+    off = summary.get("kv_offload")
+    if off:
+        lines += ["", f"KV offloading: {off['cpu_blocks']} CPU blocks; {off['cpu_hit_requests']} loads of "
+                      f"{off['cpu_hit_tokens']} tokens from CPU ({off['bytes_loaded'] / 1e9:.2f} GB), "
+                      f"{off['bytes_stored'] / 1e9:.2f} GB stored, {off['cpu_evictions']} CPU-tier evictions."]
     dis = summary.get("disaggregation")
     if dis:
         parts = ", ".join(f"{k[3:-2].replace('_', ' ')} {_ms(v)} ms" for k, v in dis["ttft_decomposition_mean_s"].items())
@@ -492,14 +562,13 @@ def plot_all(req: pd.DataFrame, series: pd.DataFrame | None, result: SimResult, 
 
     figs = []
     fin = req[req["status"] == "finished"]
-    itl = result.itl_samples.expand() if result.itl_samples.count < 5_000_000 else np.array([])
+    itl = result.itl_samples.arrays()
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
-    for ax, (name, vals) in zip(axes, (("TTFT", fin["ttft"]), ("TPOT", fin["tpot"]), ("ITL", itl),
-                                       ("E2EL", fin["e2el"]))):
-        v = np.sort(np.asarray(vals, dtype=float))
-        v = v[np.isfinite(v)]
-        if len(v):
-            ax.plot(v * 1000, np.arange(1, len(v) + 1) / len(v))
+    for ax, (name, vals) in zip(axes, (("TTFT", (fin["ttft"], None)), ("TPOT", (fin["tpot"], None)), ("ITL", itl),
+                                       ("E2EL", (fin["e2el"], None)))):
+        x, y = cdf_points(*vals)
+        if len(x):
+            ax.plot(x * 1000, y)
         ax.set_xlabel(f"{name} (ms)")
         ax.set_ylabel("CDF")
         ax.set_title(f"{name} of finished requests" if name != "ITL" else "ITL (every token gap)", fontsize=10)
@@ -533,6 +602,25 @@ def plot_all(req: pd.DataFrame, series: pd.DataFrame | None, result: SimResult, 
         plt.close(fig)
         figs.append(("Throughput, queues and KV usage over time", "timeseries.png"))
     return figs
+
+
+def cdf_points(values, weights=None, max_points: int = 2000) -> tuple[np.ndarray, np.ndarray]:
+    """Points of the empirical CDF of ``values`` (finite ones; each counted ``weights[i]`` times, default once) for
+    a plot: (sorted values, cumulative fraction), at most ``max_points`` + 1 of them, taken at evenly spaced
+    fractions (a line of 2,000 points draws the same curve as one per sample, at a fraction of the time)."""
+    v = np.asarray(values, dtype=float)
+    w = np.ones(len(v)) if weights is None else np.asarray(weights, dtype=float)
+    keep = np.isfinite(v) & (w > 0)
+    v, w = v[keep], w[keep]
+    if not len(v):
+        return v, v
+    order = np.argsort(v, kind="stable")
+    v, cum = v[order], np.cumsum(w[order])
+    cum /= cum[-1]
+    if len(v) > max_points:
+        idx = np.unique(np.searchsorted(cum, np.linspace(0.0, 1.0, max_points + 1)[1:], side="left"))
+        v, cum = v[np.minimum(idx, len(v) - 1)], cum[np.minimum(idx, len(v) - 1)]
+    return v, cum
 
 
 def bucket_series(chunks, bucket_s: float = 1.0) -> pd.DataFrame:
