@@ -258,7 +258,8 @@ def _simulate_with_breakdown(exp, show_progress: bool):
 
 @app.command()
 def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", "--workloads", "-w",
-                                        help="comma-separated: azure_conv, million_16x, mooncake_conv"),
+                                        help="comma-separated: azure_conv, million_16x, mooncake_conv "
+                                        "('' with --vidur: only the Vidur comparison)"),
           data_dir: Optional[Path] = DATA_OPT,
           vidur: Optional[Path] = typer.Option(None, "--vidur", help="a microsoft/vidur checkout to run beside us"),
           vidur_python: str = typer.Option(sys.executable, "--vidur-python",
@@ -266,106 +267,133 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
           vidur_model: str = typer.Option("meta-llama/Llama-2-7b-hf", "--vidur-model",
                                           help="the model both simulators run (Vidur's name)"),
           vidur_tp: int = typer.Option(1, "--vidur-tp", min=1, help="tensor parallel size of that replica"),
+          vidur_trace: str = typer.Option("conv", "--vidur-trace",
+                                          help="Vidur's copy of the Azure 2023 trace: conv or code"),
+          vidur_scheduler: str = typer.Option("vllm", "--vidur-scheduler",
+                                              help="vllm (servelab: vllm_v1) or sarathi (both: --vidur-chunk-size)"),
+          vidur_chunk_size: int = typer.Option(512, "--vidur-chunk-size", min=1,
+                                               help="Sarathi's token budget per step"),
           vidur_time_scale: float = typer.Option(1.0, "--vidur-time-scale", min=0.01,
                                                  help="stretch the trace's arrival times (both simulators)"),
           vidur_attention_file: Optional[Path] = typer.Option(
               None, "--vidur-attention-file", help="attention profile for Vidur, if its checkout lacks data/profiling/.../attention.csv"),
+          vidur_json: Optional[Path] = typer.Option(None, "--vidur-json",
+                                                    help="append the comparison's figures to this file, one JSON line"),
           fast_forward: bool = typer.Option(True, "--fast-forward/--no-fast-forward",
                                             help="jump over predictable decode stretches (exact); off: step by step")) -> None:
     """Time the simulator on fixed workloads and print a table (wall time, simulated s per wall s, requests and
-    steps per wall s, peak memory), beside Vidur's reference figures or a Vidur run."""
-    from lab.report.bench import VIDUR_REFERENCE, WORKLOADS, run_vidur, run_workload, vidur_equivalent, vidur_trace_as_csv
+    steps per wall s, peak memory); with --vidur, Vidur's time for the same model, GPU, scheduler and trace, and the
+    ratio of whole-process wall times."""
+    from lab.report.bench import (VIDUR_REFERENCE, WORKLOADS, UnlikeReference, VidurCase, compare_with_vidur,
+                                  run_workload, speed_ratio)
     from lab.experiment.paths import PROJECT_ROOT
 
     names = [w.strip() for w in workloads.split(",") if w.strip()]
     bad = [n for n in names if n not in WORKLOADS]
     if bad:
         _fail(f"--workloads: unknown {bad}; expected some of {sorted(WORKLOADS)}")
+    if not names and vidur is None:
+        _fail("--workloads: empty; name at least one workload, or give --vidur")
+    try:  # check the Vidur options before running anything
+        case = VidurCase(vidur_model, vidur_tp, vidur_trace, vidur_scheduler, vidur_chunk_size, vidur_time_scale,
+                         str(vidur_attention_file) if vidur_attention_file else None)
+    except ValueError as e:
+        _fail(str(e))
     dd = str(data_dir) if data_dir else None
     over = None if fast_forward else {"simulation": {"fast_forward": False}}
-    t = Table(title="servelab benchmark")
-    for c in ("workload", "requests", "wall (s)", "total wall (s)", "sim s / wall s", "req / wall s",
-              "steps / wall s", "steps jumped", "peak MB"):
-        t.add_column(c, justify="right")
     results = []
-    for n in names:
-        err_console.print(f"running {n} ...")
-        r = run_workload(n, str(PROJECT_ROOT / WORKLOADS[n]), dd, over)
-        results.append(r)
-        t.add_row(n, f"{r.requests:,}", f"{r.sim_wall_s:.2f}", f"{r.total_wall_s:.2f}", f"{r.sim_per_wall:,.0f}",
-                  f"{r.req_per_wall:,.0f}", f"{r.steps_per_wall:,.0f}", f"{r.jumped_steps / max(r.steps, 1):.0%}",
-                  f"{r.peak_mb:,.0f}")
-    console.print(t)
-    if "azure_conv" in names:
+    if names:
+        t = Table(title="servelab benchmark")
+        for c in ("workload", "requests", "wall (s)", "total wall (s)", "sim s / wall s", "req / wall s",
+                  "steps / wall s", "steps jumped", "peak MB"):
+            t.add_column(c, justify="right")
+        for n in names:
+            err_console.print(f"running {n} ...")
+            r = run_workload(n, str(PROJECT_ROOT / WORKLOADS[n]), dd, over)
+            results.append(r)
+            t.add_row(n, f"{r.requests:,}", f"{r.sim_wall_s:.2f}", f"{r.total_wall_s:.2f}", f"{r.sim_per_wall:,.0f}",
+                      f"{r.req_per_wall:,.0f}", f"{r.steps_per_wall:,.0f}", f"{r.jumped_share:.0%}",
+                      f"{r.peak_mb:,.0f}")
+        console.print(t)
+    if vidur is not None:
+        err_console.print(f"running Vidur, then servelab on the same requests ({case.label}; {vidur_model}, "
+                          f"TP{vidur_tp}) ...", highlight=False)
+        try:
+            cmp = compare_with_vidur(str(vidur), vidur_python, case, str(PROJECT_ROOT / WORKLOADS["azure_conv"]), dd,
+                                     over)
+        except (FileNotFoundError, RuntimeError, UnlikeReference) as e:
+            _fail(str(e))
+        v, s = cmp.vidur, cmp.servelab
+        console.print(f"Vidur ({case.label}; {vidur_model}, TP{vidur_tp}, A100): {v.wall_s:.1f} s wall (whole "
+                      f"process, {v.user_cpu_s:.1f} s user CPU), {v.peak_mb:,.0f} MB peak; servelab on the same "
+                      f"{s.requests:,} requests, model, GPUs and limits: {s.total_wall_s:.2f} s whole process "
+                      f"({s.sim_wall_s:.2f} s simulation, {s.user_cpu_s:.2f} s user CPU, {s.jumped_share:.0%} of "
+                      f"{s.steps:,} steps jumped), {s.peak_mb:,.0f} MB -> {cmp.faster:.1f}x faster, "
+                      f"{cmp.leaner:.1f}x less memory (other processes kept {v.others_cores:.1f} / "
+                      f"{s.others_cores:.1f} cores busy)", highlight=False, soft_wrap=True)
+        if vidur_json is not None:
+            with open(vidur_json, "a") as f:
+                f.write(json.dumps(cmp.as_record()) + "\n")
+    elif "azure_conv" in names:
         ours = next(r for r in results if r.name == "azure_conv")
-        if vidur is not None:
-            vt = Path(vidur) / "data/processed_traces/splitwise_conv.csv"  # Vidur's copy of the same Azure trace
-            if not vt.is_file():
-                _fail(f"--vidur {vidur}: {vt} not found (expected a microsoft/vidur checkout)")
-            try:
-                equivalent = vidur_equivalent(vidur_model, vidur_tp)
-            except ValueError as e:
-                _fail(str(e))
-            err_console.print(f"running Vidur on the same trace ({vidur_model}, TP{vidur_tp}) ...")
-            try:
-                v_wall, v_peak = run_vidur(str(vidur), vidur_python, str(vt), vidur_model, vidur_tp,
-                                           str(vidur_attention_file) if vidur_attention_file else None,
-                                           vidur_time_scale)
-            except RuntimeError as e:
-                _fail(str(e))
-            import tempfile
-
-            same_trace = Path(tempfile.mkdtemp(prefix="servelab_vidur_")) / "trace.csv"
-            vidur_trace_as_csv(str(vt), str(same_trace), time_scale=vidur_time_scale)  # the requests Vidur ran
-            same = run_workload("azure_conv_as_vidur", str(PROJECT_ROOT / WORKLOADS["azure_conv"]), dd,
-                                {**equivalent, "workload": {"source": "csv", "path": str(same_trace)},
-                                 **(over or {})})
-            console.print(f"Vidur ({vidur_model}, TP{vidur_tp}, A100, vLLM scheduler): {v_wall:.1f} s wall (whole "
-                          f"process), {v_peak:,.0f} MB peak; servelab on the same model, GPU, limits and trace: "
-                          f"{same.total_wall_s:.2f} s whole process ({same.sim_wall_s:.2f} s simulation), "
-                          f"{same.peak_mb:,.0f} MB -> {v_wall / same.total_wall_s:.1f}x faster")
-        else:
-            ref = VIDUR_REFERENCE["azure_conv"]
-            console.print(f"Vidur reference (microsoft/vidur, Llama-2-7B / A100 vLLM scheduler, 2-core machine, "
-                          f"predictors trained): {ref['wall_s']:.0f} s wall, {ref['peak_mb']:,.0f} MB for the same "
-                          f"19,366-request trace -> servelab takes 1/{ref['wall_s'] / ours.sim_wall_s:.0f} of it "
-                          f"(simulation) and 1/{ref['wall_s'] / ours.total_wall_s:.0f} (whole process, with Python "
-                          f"start-up and trace loading), with {ref['peak_mb'] / ours.peak_mb:.1f}x less memory")
+        ref = VIDUR_REFERENCE
+        try:
+            faster, leaner = speed_ratio(ours, ref)
+            console.print(f"{ref.simulator} reference ({ref.source}): {ref.wall_s:.1f} s, {ref.peak_mb:,.0f} MB "
+                          f"-> {faster:.1f}x faster, {leaner:.1f}x less memory", highlight=False)
+        except UnlikeReference as e:  # the recorded Vidur run is for another model and GPU: no ratio
+            console.print(f"{e}; run with --vidur PATH for a like-for-like comparison "
+                          "(docs/performance.md keeps the recorded figures with their setup)", highlight=False)
 
 
 @app.command()
 def sweep(spec: Path = typer.Argument(..., help="sweep YAML file (docs/sweeps.md)"), out: Optional[Path] = OUT_OPT,
           data_dir: Optional[Path] = DATA_OPT,
-          jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="worker processes (default: the file's jobs)"),
+          jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="worker processes (default: the file's jobs); "
+                                             "with --executor ray and no --address, the local Ray instance's CPUs"),
+          executor: str = typer.Option("pool", "--executor", help="pool (local processes) or ray"),
+          address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join: auto or host:port "
+                                                "(default: start a local Ray instance)"),
+          plots: bool = typer.Option(False, "--plots", help="every run also writes its full report with PNG plots"),
           fresh: bool = typer.Option(False, "--fresh", help="redo every run, also those already complete"),
           quiet: bool = QUIET_OPT) -> None:
     """Run a base experiment over axes of field values with replications; writes sweep.csv (one row per run) and
-    sweep_summary.csv (per point: mean and 95 % confidence half-width). A re-run resumes from complete runs."""
+    sweep_summary.csv (per point: mean and 95 % confidence half-width). A re-run resumes from complete runs. Exits
+    1 when a run failed (the others still run; the failures are listed and in sweep.csv's status column)."""
+    from lab.cli.sweep_display import SweepDisplay
     from lab.experiment.config import ConfigError
+    from lab.report.executors import ExecutorError, make_executor
+    from lab.report.run_report import OutputDirError
     from lab.report.sweep import load_sweep, run_sweep
-    from lab.workload.loaders import WorkloadError
-    from policies import PolicyError
 
     try:
         sweep_spec, cmp, runs = load_sweep(spec, data_dir)
     except ConfigError as e:
         _fail(str(e))
     out_dir = out or Path("reports") / sweep_spec.name
-    done = [0]
-
-    def progress(res: dict) -> None:
-        done[0] += 1
-        if not quiet:
-            how = "reused" if res.get("reused") else f"{res['wall_s']:.1f} s"
-            err_console.print(f"[{done[0]}/{len(runs)}] {res['variant']} ({how})", highlight=False)
-
     try:
-        per_run, _ = run_sweep(sweep_spec, cmp, runs, out_dir, jobs, fresh, progress)
-    except (PolicyError, WorkloadError, FileNotFoundError, ValueError) as e:
+        pool_or_ray = make_executor(executor, jobs or sweep_spec.jobs, address)
+    except (ExecutorError, ValueError) as e:
         _fail(str(e))
-    reused = per_run.attrs.get("reused", 0)
-    console.print(f"{len(runs)} runs ({reused} reused, {len(runs) - reused} simulated); wrote {out_dir}/sweep.csv, "
-                  "sweep.parquet and sweep_summary.csv", highlight=False)
+    try:
+        if quiet:
+            per_run, _ = run_sweep(sweep_spec, cmp, runs, out_dir, fresh=fresh, executor=pool_or_ray, plots=plots)
+        else:
+            with SweepDisplay(err_console) as display:
+                per_run, _ = run_sweep(sweep_spec, cmp, runs, out_dir, fresh=fresh, progress=display,
+                                       executor=pool_or_ray, plots=plots)
+    except (ExecutorError, OutputDirError) as e:
+        _fail(str(e))
+    reused, failed = per_run.attrs.get("reused", 0), per_run.attrs.get("failed", [])
+    if failed:
+        err_console.print(f"{len(failed)} run(s) failed:", highlight=False)
+    for variant, err in failed:
+        err_console.print(f"  {variant}: {err}", highlight=False, markup=False, soft_wrap=True)
+    console.print(f"{len(runs)} runs ({reused} reused, {len(runs) - reused - len(failed)} simulated, {len(failed)} "
+                  f"failed) on {pool_or_ray.name}; wrote {out_dir}/sweep.csv, sweep.parquet and sweep_summary.csv",
+                  highlight=False)
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -12,25 +12,40 @@ A sweep file::
     replications: 3                    # runs per point, seeds base seed + 0, 1, 2
     jobs: 2                            # worker processes
 
-The runs go through the comparison machinery (lab/report/compare.py): each run's folder is written atomically,
-a re-run resumes from the runs already complete (``--fresh`` redoes them), and workers stop with the parent. The
-sweep writes ``sweep.csv`` / ``sweep.parquet`` (one row per run: the axes, the replication, the seed, the metrics)
-and ``sweep_summary.csv`` (one row per point: each metric's mean over the replications and its 95 % confidence
-half-width, Student's t).
+Each run is a :class:`SweepTask` computed by an executor (lab/report/executors.py): a local process pool (the
+default, ``--jobs``) or Ray (``--executor ray``); the same task function either way, so the results are the same.
+A run writes only what the sweep row and a resume need (``requests.parquet``, ``summary.json``, then ``run.json``
+with the hash of its configuration) into its folder ``<out>/sweep/base/p<point>_r<replication>/``, atomically; with
+``--plots`` it writes the full run report with PNG plots. A re-run resumes: every run whose folder is complete and
+whose hash is unchanged is read back instead of simulated (``--fresh`` redoes them). A failed run does not stop the
+sweep; it is recorded with status ``failed`` and its one-line error. The sweep writes ``sweep.csv`` /
+``sweep.parquet`` (one row per run: point, replication, seed, the axes, status, error, the metrics) and
+``sweep_summary.csv`` (one row per point: each metric's mean over the successful replications and its 95 %
+confidence half-width, Student's t).
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
+import json
 import math
+import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lab.experiment.config import ConfigError, deep_merge, read_yaml
-from lab.report.compare import ComparisonSpec, Run, comparison_runs, run_comparison
+from lab.experiment.config import ConfigError, deep_merge, parse_experiment, read_yaml
+from lab.experiment.simulation import simulate
+from lab.report.compare import RUN_META, ComparisonSpec, Run, comparison_runs, config_hash, run_dir
+from lab.report.executors import Executor, PoolExecutor
+from lab.report.html import write_sweep_html
+from lab.report.run_report import (OutputDirError, _json_default, atomic_dir, check_out_dir, collect,
+                                   remove_stale_temps, write_report)
 
 METRICS = ["request_throughput", "output_token_throughput", "ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99",
            "e2el_mean", "e2el_p99", "goodput", "slo_attainment", "num_preemptions", "num_finished"]
@@ -125,43 +140,234 @@ def load_sweep(path: str | Path, data_dir: str | Path | None = None) -> tuple[Sw
     cmp = ComparisonSpec.model_validate({"name": spec.name, "jobs": spec.jobs, "plots": False, "base": base,
                                          "traces": {"base": {}},
                                          "groups": {"sweep": {"traces": ["base"], "variants": variants}}})
-    return spec, cmp, comparison_runs(cmp, p, data_dir)
+    dd = Path(data_dir).resolve() if data_dir is not None else None  # absolute: workers may run elsewhere
+    return spec, cmp, comparison_runs(cmp, p, dd)
 
 
-def sweep_tables(spec: SweepSpec, table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(one row per run with the axes, replication and seed as columns, one row per point with each metric's mean
-    and 95 % confidence half-width over the replications) from the comparison table."""
+@dataclass(frozen=True)
+class SweepTask:
+    """One run as it crosses to a worker: the run, its folder (absolute), the hash of its configuration (computed
+    here, so a worker's environment cannot change it) and whether it writes the full report with PNG plots."""
+
+    run: Run
+    folder: str
+    config_hash: str
+    plots: bool = False
+
+
+@dataclass
+class SweepState:
+    """Where a sweep stands, handed to the progress display after every change (and at least every second).
+
+    Counts are runs: ``reused`` (complete before this sweep started), ``done`` (simulated now), ``failed``,
+    ``running`` (submitted and not finished, at most the executor's slots). ``elapsed_s`` since the first run was
+    submitted; ``eta_s`` = elapsed / runs finished now x runs left (None until one finished). ``last`` is the
+    variant that just finished (None on a tick) with its ``last_error``."""
+
+    total: int
+    reused: int = 0
+    done: int = 0
+    failed: int = 0
+    running: int = 0
+    elapsed_s: float = 0.0
+    eta_s: float | None = None
+    last: str | None = None
+    last_error: str | None = None
+    last_wall_s: float | None = None
+
+    @property
+    def finished(self) -> int:
+        """Runs with an outcome: reused, done or failed."""
+        return self.reused + self.done + self.failed
+
+
+def simulate_task(task: SweepTask) -> dict:
+    """Worker (any executor): simulate one run and write its folder atomically (lab/report/run_report.py
+    ``atomic_dir``): ``requests.parquet``, ``summary.json`` and, last, ``run.json`` (config hash, wall time in s,
+    plots); with ``task.plots`` the full run report (also ``steps.parquet``, ``report.md``, PNG plots).
+
+    Returns:
+        ``{"summary": ..., "wall_s": ...}``, the summary as ``summary.json`` reads back (what a resumed run reads).
+
+    Raises:
+        whatever the simulation raises (the run's folder is then left as it was).
+    """
+    run = task.run
+    exp = parse_experiment(run.data, run.source, Path(run.base_dir), run.data_dir)
+    t0 = time.perf_counter()
+    with simulate(exp) as result:
+        with atomic_dir(Path(task.folder)) as tmp:
+            if task.plots:
+                write_report(result, tmp, plots=True, atomic=False)
+            else:
+                req, summary = collect(result)
+                req.to_parquet(tmp / "requests.parquet", index=False)
+                (tmp / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+            wall = time.perf_counter() - t0
+            (tmp / RUN_META).write_text(json.dumps({"config_hash": task.config_hash, "wall_s": wall,
+                                                    "plots": task.plots}))
+    del result
+    _collect_cycles()
+    return {"summary": json.loads((Path(task.folder) / "summary.json").read_text()), "wall_s": wall}
+
+
+_heap_frozen = False
+
+
+def _collect_cycles() -> None:
+    """Free the run just finished. A run's objects form reference cycles, which the generational collector frees
+    too late: without this a worker grew by ~7 MB per run (experiments/sweep_200.yaml). A full collection scans every
+    live object (~90 ms here), so the first call also freezes what survives (modules, caches: gc.freeze) and later
+    calls scan only what the runs since created (under 1 ms)."""
+    global _heap_frozen
+    gc.collect()
+    if not _heap_frozen:
+        gc.freeze()
+        _heap_frozen = True
+
+
+def reuse_task(task: SweepTask) -> dict | None:
+    """The result of a run whose folder is complete (``run.json`` written last, ``summary.json``) with the same
+    configuration hash, and with plots if the task wants them; None otherwise. Raises nothing."""
+    d = Path(task.folder)
+    try:
+        meta = json.loads((d / RUN_META).read_text())
+        if not isinstance(meta, dict) or meta.get("config_hash") != task.config_hash:
+            return None
+        if task.plots and not meta.get("plots", False):
+            return None
+        return {"summary": json.loads((d / "summary.json").read_text()), "wall_s": float(meta.get("wall_s", 0.0))}
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _metric(summary: dict, name: str) -> Any:
+    """One METRICS value from a run summary: ``ttft_p99`` is ``summary["ttft"]["p99"]``, others are top-level."""
+    head, _, stat = name.rpartition("_")
+    if head in ("ttft", "tpot", "e2el"):
+        return (summary.get(head) or {}).get(stat)
+    return summary.get(name)
+
+
+def sweep_tables(spec: SweepSpec, runs: list[Run], results: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(one row per run: point, replication, seed, the axes as columns, status ``ok``/``failed``, the one-line
+    error, the metrics; one row per point: each metric's mean and 95 % confidence half-width over the point's
+    successful replications). ``results[i]`` belongs to ``runs[i]``: ``{"summary"}`` or ``{"error"}``."""
     points = spec.points()
     rows = []
-    for _, r in table.iterrows():
-        i, k = r["variant"][1:].split("_r")
-        row = {"point": int(i), "replication": int(k), **points[int(i)]}
-        row.update({m: r.get(m) for m in METRICS})
+    for run, res in zip(runs, results):
+        i, k = run.variant[1:].split("_r")
+        summary = res.get("summary")
+        row = {"point": int(i), "replication": int(k), "seed": run.data.get("seed"), **points[int(i)],
+               "status": "ok" if summary is not None else "failed", "error": res.get("error")}
+        row.update({m: _metric(summary, m) if summary is not None else None for m in METRICS})
         rows.append(row)
-    runs = pd.DataFrame(rows).sort_values(["point", "replication"]).reset_index(drop=True)
+    per_run = pd.DataFrame(rows).sort_values(["point", "replication"]).reset_index(drop=True)
     agg = []
-    for i, grp in runs.groupby("point", sort=True):
-        row = {"point": i, **points[int(i)], "replications": len(grp)}
+    for i, grp in per_run.groupby("point", sort=True):
+        ok = grp[grp["status"] == "ok"]
+        row = {"point": i, **points[int(i)], "replications": len(ok), "failed": len(grp) - len(ok)}
         for m in METRICS:
-            vals = pd.to_numeric(grp[m], errors="coerce").dropna()
+            vals = pd.to_numeric(ok[m], errors="coerce").dropna()
             row[f"{m}_mean"] = float(vals.mean()) if len(vals) else None
             row[f"{m}_ci95"] = (_T95[min(len(vals) - 2, 29)] * float(vals.std(ddof=1)) / math.sqrt(len(vals))
                                 if len(vals) > 1 else None)
         agg.append(row)
-    return runs, pd.DataFrame(agg)
+    return per_run, pd.DataFrame(agg)
+
+
+def sweep_tasks(runs: list[Run], out_dir: Path, plots: bool = False) -> list[SweepTask]:
+    """A task per run, its folder ``<out_dir>/sweep/base/<variant>`` made absolute.
+
+    Raises:
+        OutputDirError: ``out_dir`` is a file, or a run folder holds files no servelab run writes.
+    """
+    out_dir = Path(os.path.abspath(out_dir))
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputDirError(f"output folder {out_dir} exists and is not a folder; pass --out a folder path")
+    tasks = []
+    for r in runs:
+        folder = check_out_dir(run_dir(out_dir, r))
+        remove_stale_temps(folder)
+        tasks.append(SweepTask(run=r, folder=str(folder), config_hash=config_hash(r), plots=plots))
+    return tasks
 
 
 def run_sweep(spec: SweepSpec, cmp: ComparisonSpec, runs: list[Run], out_dir: Path, jobs: int | None = None,
-              fresh: bool = False, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+              fresh: bool = False, progress: Callable[[SweepState], None] | None = None,
+              executor: Executor | None = None, plots: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run (or resume) the sweep and write ``sweep.csv``, ``sweep.parquet`` and ``sweep_summary.csv``.
 
+    Every run whose folder is complete with an unchanged configuration is reused (``fresh``: none); the others go
+    to ``executor`` (default: a local process pool of ``jobs`` workers, else the file's ``jobs``). A failed run
+    does not stop the others: it gets status ``failed`` and its one-line error in the table
+    (``per_run.attrs["failed"]``: ``[(variant, error)]``; ``per_run.attrs["reused"]``: runs read back).
+
     Raises:
-        whatever a run raises (the other workers are stopped), OutputDirError for a bad ``out_dir``.
+        OutputDirError: a bad ``out_dir``. ExecutorError: the executor cannot start or broke down.
+        KeyboardInterrupt / SystemExit (SIGTERM): the workers are stopped first; complete runs stay for a resume.
     """
-    table = run_comparison(cmp, runs, out_dir, jobs=jobs or spec.jobs, plots=False, progress=progress, fresh=fresh)
-    per_run, summary = sweep_tables(spec, table)
-    per_run.to_csv(out_dir / "sweep.csv", index=False)
-    per_run.to_parquet(out_dir / "sweep.parquet", index=False)
-    summary.to_csv(out_dir / "sweep_summary.csv", index=False)
-    per_run.attrs["reused"] = table.attrs.get("reused", 0)
+    tasks = sweep_tasks(runs, out_dir, plots)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    results: list[dict | None] = [None if fresh else reuse_task(t) for t in tasks]
+    todo = [i for i, res in enumerate(results) if res is None]
+    state = SweepState(total=len(tasks), reused=len(tasks) - len(todo))
+    if progress:
+        progress(state)
+    if todo:
+        _execute(executor or PoolExecutor(jobs or spec.jobs), [tasks[i] for i in todo], todo, results, state,
+                 progress)
+    per_run, summary = sweep_tables(spec, runs, results)
+    _write_tables(Path(out_dir), per_run, summary)
+    write_sweep_html(Path(out_dir), spec.name, spec.axes, summary, METRICS, cmp.base.get("slo"), len(runs))
+    per_run.attrs["reused"] = state.reused
+    per_run.attrs["failed"] = [(runs[i].variant, res["error"]) for i, res in enumerate(results) if "error" in res]
     return per_run, summary
+
+
+def _execute(executor: Executor, tasks: list[SweepTask], ids: list[int], results: list, state: SweepState,
+             progress: Callable[[SweepState], None] | None) -> None:
+    """Run ``tasks`` on ``executor``, filling ``results[ids[j]]`` and ``state`` as each finishes."""
+    t0 = time.perf_counter()
+    with executor:
+        slots = executor.slots
+        state.running = min(slots, len(tasks))
+        for batch in executor.map_unordered(simulate_task, tasks):
+            state.last = state.last_error = state.last_wall_s = None
+            for out in batch:
+                task = tasks[out.index]
+                err = out.error or _folder_missing(task)
+                results[ids[out.index]] = {"error": err} if err else out.value
+                state.failed += err is not None
+                state.done += err is None
+                state.last, state.last_error = task.run.variant, err
+                state.last_wall_s = None if err else out.value["wall_s"]
+            left = len(tasks) - state.done - state.failed
+            state.running = min(slots, left)
+            state.elapsed_s = time.perf_counter() - t0
+            finished = state.done + state.failed
+            state.eta_s = state.elapsed_s / finished * left if finished else None
+            if progress:
+                progress(state)
+
+
+def _folder_missing(task: SweepTask) -> str | None:
+    """An error when a run reported success but its folder is not on this machine (a Ray node writing to a folder
+    this machine does not share), else None."""
+    if (Path(task.folder) / RUN_META).is_file():
+        return None
+    return (f"the run finished but {task.folder} is not on this machine: the output folder must be on a file "
+            "system every worker shares")
+
+
+def _write_tables(out_dir: Path, per_run: pd.DataFrame, summary: pd.DataFrame) -> None:
+    """sweep.csv, sweep.parquet and sweep_summary.csv, each written beside and renamed into place."""
+    for name, write in (("sweep.csv", lambda p: per_run.to_csv(p, index=False)),
+                        ("sweep.parquet", lambda p: per_run.to_parquet(p, index=False)),
+                        ("sweep_summary.csv", lambda p: summary.to_csv(p, index=False))):
+        tmp = out_dir / f".{name}.tmp-{os.getpid()}"
+        try:
+            write(tmp)
+            os.replace(tmp, out_dir / name)
+        finally:
+            tmp.unlink(missing_ok=True)
