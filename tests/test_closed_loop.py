@@ -62,7 +62,27 @@ def test_concurrency_bounds_the_requests_in_flight_and_fast_forward_is_exact():
         slow = simulate(_exp(False, concurrency=n, num_warmup=2))
         assert [r.finish_time for r in slow.requests] == [r.finish_time for r in res.requests]
         df = requests_frame(res.requests)
-        assert int(df["warmup"].sum()) == 2
+        assert int(df["warmup"].sum()) == 2 and len(df) == 42
+
+
+def test_warm_up_requests_are_extra_copies_of_the_first_request_as_vllm_bench_serve_sends_them(tmp_path):
+    from lab.report.run_report import write_report
+
+    exp = parse_experiment({"name": "w", "workload": {"source": "synthetic", "num_requests": 10, "concurrency": 2,
+                                                       "num_warmup": 3, "prompt_tokens": {"kind": "uniform",
+                                                                                          "low": 100, "high": 400},
+                                                       "output_tokens": {"kind": "constant", "value": 8}},
+                            "model": {"name": "Llama-3.1-8B"}, "simulation": {"progress": False}})
+    res = simulate(exp)
+    warm = [r for r in res.requests if r.warmup]
+    measured = [r for r in res.requests if not r.warmup]
+    assert [r.request_id for r in warm] == ["warmup-0", "warmup-1", "warmup-2"] and len(measured) == 10
+    assert {(r.prompt_len, r.max_tokens) for r in warm} == {(measured[0].prompt_len, measured[0].max_tokens)}
+    assert min(r.arrival_time for r in measured) >= max(r.finish_time for r in warm)  # the clock starts after
+    assert len({r.index for r in res.requests}) == 13
+    summary = write_report(res, tmp_path / "out", plots=False)
+    assert summary["num_requests"] == 10 and summary["num_warmup"] == 3
+    assert sum(i["num_requests"] for i in summary["instances"]) == 10  # per instance, warm-ups excluded too
 
 
 def test_a_vllm_bench_result_run_with_max_concurrency_is_replayed_closed_loop(tmp_path):
@@ -91,7 +111,8 @@ def test_a_run_writes_vllm_bench_serve_result_json_that_validate_reads_back(tmp_
     res = simulate(_exp(concurrency=4, num_warmup=2))
     write_report(res, tmp_path / "out", plots=False)
     d = json.loads((tmp_path / "out" / "bench_result.json").read_text())
-    assert d["completed"] == 38 and d["max_concurrency"] == 4 and d["request_rate"] == "inf" and d["num_warmups"] == 2
+    # vllm bench serve --num-warmups: 2 extra requests, all 40 measured
+    assert d["completed"] == 40 and d["max_concurrency"] == 4 and d["request_rate"] == "inf" and d["num_warmups"] == 2
     for key in ("mean_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_itl_ms", "output_throughput", "duration"):
         assert key in d
     back = _load_vllm_bench(tmp_path / "out" / "bench_result.json")

@@ -32,21 +32,71 @@ def test_allreduce_per_link_type_against_hand_computation():
     assert comm.allreduce(L["nvlink4"], 1, MiB) == 0.0
 
 
-def test_alltoall_and_ep_dispatch_per_link_type_against_hand_computation():
+def test_alltoall_per_link_type_against_hand_computation():
     for name, lat, bw in (("nvlink4", 26.4e-6, 306.4e9), ("pcie5_no_p2p", 48.2e-6, 18e9),
                           ("ib_ndr400", 19.9e-6, 35.9e9), ("pcie4_p2p", 24e-6, 22e9)):
         assert comm.alltoall(L[name], 8, 1e6) == pytest.approx(lat + 1e6 / bw), name
-    # EP8, 128 tokens per rank, hidden 7168, fp8 dispatch, allgather/reduce-scatter backend on NVLink 4:
-    # all-gather of 8 x 128 x 7168 x 1 B and reduce-scatter of the bf16 outputs, each (7/8) of the buffer
-    t = comm.ep_dispatch_combine(L["nvlink4"], 8, 128, 7168, 8, 1.0, "allgather_reducescatter")
+
+
+# DeepSeek-V3 MoE layer: hidden 7168, top-8, fp8 dispatch (1 B), bf16 combine (2 B); uneven per-rank tokens (eager
+# mode: vLLM does not pad across DP), a 1-token dummy batch on the 8-rank group's last rank
+H, K = 7168, 8
+NV = (26.4e-6, 306.4e9)   # nvlink4 NCCL latency / busbw
+IB = (19.9e-6, 35.9e9)    # ib_ndr400
+TWO = [300, 20]
+EIGHT = [1000, 300, 200, 100, 64, 16, 4, 1]   # sum 1685, min 1, max 1000
+
+
+@pytest.mark.parametrize("link,lat_bw", [("nvlink4", NV), ("ib_ndr400", IB)])
+def test_ep_dispatch_combine_two_ranks_per_backend_against_hand_computation(link, lat_bw):
+    lat, bw = lat_bw
+    f = lambda backend: comm.ep_dispatch_combine(L[link], TWO, H, K, 1.0, backend)
+    # all-gather: the 20-token rank receives 300 rows (fp8); reduce-scatter: the same 300 rows in bf16
+    assert f("allgather_reducescatter") == pytest.approx(2 * lat + 300 * H * 3 / bw)
+    # naive: one broadcast per rank (300 and 20 rows, fp8), then an all-reduce of all 320 rows in bf16 (4,587,520 B:
+    # vLLM's one-shot custom all-reduce on NVLink, 4.47 us + B / 301.3 GB/s; NCCL ring over IB, 2(n-1)/n = 1)
+    ar = 4.47e-6 + 320 * H * 2 / 301.3e9 if link == "nvlink4" else lat + 320 * H * 2 / bw
+    assert f("naive") == pytest.approx(2 * lat + 320 * H / bw + ar)
+    # DeepEP high-throughput: P(a token hits the other GPU) = 1 - (1/2)^8; the busiest GPU sends 300 x that
+    p = 1 - 0.5 ** 8
+    assert f("deepep_high_throughput") == pytest.approx(2 * lat + 300 * p * H * 3 / bw)
+    # DeepEP low-latency: rounds of 256 tokens per rank -> ceil(300/256) = 2; every (token, expert) pair is a
+    # message, half of them remote: round 1 moves 256 x 8 / 2 = 1024 rows, round 2 44 x 4 = 176 rows, each way
+    assert f("deepep_low_latency") == pytest.approx(4 * lat + (1024 + 176) * H * 3 / bw)
+
+
+@pytest.mark.parametrize("link,lat_bw", [("nvlink4", NV), ("ib_ndr400", IB)])
+def test_ep_dispatch_combine_eight_ranks_per_backend_against_hand_computation(link, lat_bw):
+    lat, bw = lat_bw
+    f = lambda backend: comm.ep_dispatch_combine(L[link], EIGHT, H, K, 1.0, backend)
+    # all-gather / reduce-scatter: the dummy rank (1 token) receives the other 1,684 rows
+    assert f("allgather_reducescatter") == pytest.approx(2 * lat + 1684 * H * 3 / bw)
+    # naive: 8 broadcasts (1,685 rows in all), then a ring all-reduce of 1,685 x 7168 x 2 B (> 8 MiB: NCCL on
+    # NVLink too): latency + 2 x 7/8 x B / busbw
+    assert f("naive") == pytest.approx(8 * lat + 1685 * H / bw + lat + 1.75 * 1685 * H * 2 / bw)
+    # high-throughput: remote GPUs per token = 8 p 7/8 = 7p, p = 1 - (7/8)^8; the 1000-token rank sends 7000p rows,
+    # more than any GPU receives (at most 1684p)
+    p = 1 - (7 / 8) ** 8
+    assert f("deepep_high_throughput") == pytest.approx(2 * lat + 7000 * p * H * 3 / bw)
+    # low-latency: ceil(1000/256) = 4 rounds; the 1000-token rank sends 7/8 x 8 = 7 rows per token in each:
+    # 256 x 7 = 1792 rows in rounds 1-3 (more than any GPU receives: 896, 300, 256) and 232 x 7 = 1624 in round 4
+    assert f("deepep_low_latency") == pytest.approx(8 * lat + (3 * 1792 + 1624) * H * 3 / bw)
+
+
+def test_ep_dispatch_combine_with_equal_ranks_matches_the_uniform_formulas():
     rows = 8 * 128
-    assert t == pytest.approx(2 * 26.4e-6 + 7 / 8 * rows * 7168 * (1 + 2) / 306.4e9)
-    # all2all backend: 128 tokens x expected remote ranks (top-8 of 8 ranks) each way
+    t = comm.ep_dispatch_combine(L["nvlink4"], [128] * 8, 7168, 8, 1.0, "allgather_reducescatter")
+    assert t == pytest.approx(comm.allgather(L["nvlink4"], 8, rows * 7168) + comm.reducescatter(
+        L["nvlink4"], 8, rows * 7168 * 2))
     remote = 8 * (1 - (7 / 8) ** 8) * 7 / 8
-    t = comm.ep_dispatch_combine(L["ib_ndr400"], 8, 128, 7168, 8, 1.0, "all2all")
-    assert t == pytest.approx(2 * 19.9e-6 + 128 * remote * 7168 * 3 / 35.9e9)
-    with pytest.raises(ValueError, match="all2all backend 'nixl'"):
-        comm.ep_dispatch_combine(L["nvlink4"], 8, 128, 7168, 8, 1.0, "nixl")
+    t = comm.ep_dispatch_combine(L["ib_ndr400"], [128] * 8, 7168, 8, 1.0, "deepep_high_throughput")
+    assert t == pytest.approx(comm.alltoall(L["ib_ndr400"], 8, 128 * remote * 7168)
+                              + comm.alltoall(L["ib_ndr400"], 8, 128 * remote * 7168 * 2))
+    assert comm.ep_dispatch_combine(L["nvlink4"], [512], 7168, 8) == 0.0   # one GPU: nothing to move
+    with pytest.raises(ValueError, match="all2all_backend 'pplx': expected one of allgather_reducescatter, naive"):
+        comm.ep_dispatch_combine(L["nvlink4"], [128] * 8, 7168, 8, 1.0, "pplx")
+    with pytest.raises(ValueError, match="ll_max_tokens must be >= 1"):
+        comm.ep_dispatch_combine(L["nvlink4"], [128] * 8, 7168, 8, 1.0, "deepep_low_latency", ll_max_tokens=0)
 
 
 def test_allreduce_algorithm_switch_points_follow_vllm():

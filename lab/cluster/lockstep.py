@@ -2,13 +2,16 @@
 
 With expert parallelism the MoE all-to-all joins every DP rank of a deployment in every layer, so vLLM runs the
 ranks' forward passes together (vllm/v1/engine/core.py ``DPEngineCoreProc``): a rank with nothing scheduled runs a
-dummy batch (``execute_dummy_batch``), and every rank pads its batch to the largest token count across the DP group
-(``num_tokens_across_dp``, then CUDA-graph padding), because the collectives need equal shapes. A step of the group
-therefore lasts as long as its slowest rank's.
+dummy batch (``execute_dummy_batch``), and, with CUDA graphs, every rank pads its batch to the largest token count
+across the DP group (``num_tokens_across_dp``, then CUDA-graph padding; vllm/v1/worker/gpu_model_runner.py
+``get_dp_padding`` / dp_utils.py ``coordinate_batch_across_dp``); in eager mode (``enforce_eager``) vLLM does not pad
+and the ranks' counts stay uneven. A step of the group therefore lasts as long as its slowest rank's.
 
 :class:`LockStepGroup` drives the ranks (instances built with ``start=False``) as one SimPy process: each rank
-schedules, the per-rank token counts set every rank's padded size and ``BatchShape.group_tokens``, each rank's step
-is priced, the group waits for the longest, then every rank applies its outputs at the same instant. Ranks keep
+schedules, the per-rank token counts set every rank's padded size and ``BatchShape.group_tokens`` (the counts the
+MoE collectives see, :func:`tokens_across_dp`), each rank's step is priced (an idle rank's dummy batch too,
+:func:`dummy_batch`: its compute on its padded token count and its full share of the collectives), the group waits
+for the longest, then every rank applies its outputs at the same instant. Ranks keep
 their own schedulers, KV caches and waiting queues; the router still picks a rank for every arrival. Lock-stepped
 ranks schedule synchronously (one step in flight) and do not fast-forward.
 """
@@ -23,12 +26,40 @@ from lab.engine.instance import Instance
 from lab.engine.window import delay_until
 
 
+def tokens_across_dp(tokens: tuple[int, ...], cudagraph_sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """Every rank's token count as the MoE collectives see it (vLLM's ``num_tokens_across_dp``), rank order.
+
+    Args:
+        tokens: tokens each rank scheduled this step (0: the rank is idle and runs a dummy batch).
+        cudagraph_sizes: the ranks' CUDA-graph capture sizes, () in eager mode.
+
+    With CUDA graphs every rank runs the group's largest count padded to its graph size (the largest count itself
+    above the largest graph); in eager mode each rank runs its own count and an idle rank one token (vLLM pads
+    across DP only when it replays graphs; ``_dummy_run(1)``).
+    """
+    top = max(tokens)
+    if cudagraph_sizes:
+        pad = padded_size(cudagraph_sizes, top) or top
+        return (pad,) * len(tokens)
+    return tuple(t if t > 0 else 1 for t in tokens)
+
+
+def dummy_batch(tokens: int, group_tokens: tuple[int, ...]) -> BatchShape:
+    """The batch an idle rank runs so that the group's collectives have all their members (vLLM
+    ``execute_dummy_batch``): one decode position with an empty KV cache, its token-parallel layers and its share of
+    the MoE dispatch/combine at ``tokens`` (its entry of ``num_tokens_across_dp``), ``group_tokens`` the group's."""
+    return BatchShape(1, 1, [], [], [0], 1, 0, 0, 0, tokens if tokens > 1 else 0, [], [], group_tokens)
+
+
 class LockStepGroup:
     """DP ranks of one deployment advancing together.
 
     Args:
         env: the SimPy environment.
-        ranks: the rank instances, rank order, each built with ``start=False``.
+        ranks: the rank instances, rank order, each built with ``start=False`` and with the same CUDA-graph sizes.
+
+    Raises:
+        ValueError: no ranks, a rank already running its own loop, or ranks with different CUDA-graph sizes.
 
     Attributes:
         num_steps: steps the group has taken.
@@ -41,6 +72,9 @@ class LockStepGroup:
         for r in ranks:
             if r.process is not None:
                 raise ValueError(f"instance {r.instance_id} already runs its own loop; build it with start=False")
+        if len({r.options.cudagraph_sizes for r in ranks}) > 1:
+            raise ValueError("the ranks of a lock-step group must share one cudagraph_capture_sizes list (vLLM pads "
+                             "every DP rank to the same graph size)")
         self.env = env
         self.ranks = ranks
         self.num_steps = 0
@@ -82,21 +116,19 @@ class LockStepGroup:
                 rank.finish_step(step)
 
     def _price(self, steps: list[ScheduledStep | None]) -> float:
-        """Pad every rank to the group's largest token count, price each rank's step (a dummy batch of one token
-        for an idle rank) and return the group's step time: the slowest rank's (seconds)."""
+        """Pad every rank as vLLM does (:func:`tokens_across_dp`), price each rank's step with the group's counts
+        in ``BatchShape.group_tokens`` (an idle rank's :func:`dummy_batch` too) and return the group's step time:
+        the slowest rank's (seconds)."""
         tokens = tuple(s.shape.num_tokens if s is not None else 0 for s in steps)
-        top = max(tokens)
+        across = tokens_across_dp(tokens, self.ranks[0].options.cudagraph_sizes)
         times = []
-        for rank, step in zip(self.ranks, steps):
-            sizes = rank.options.cudagraph_sizes
-            pad = padded_size(sizes, top) or top
+        for rank, step, n in zip(self.ranks, steps, across):
             if step is None:
-                shape = BatchShape(1, 1, [], [], [0], 1, 0, 0, 0, pad if pad > 1 else 0, [], [], tokens)
-                times.append(rank.cost_model.step_time(shape))
+                times.append(rank.cost_model.step_time(dummy_batch(n, across)))
                 continue
-            step.shape.group_tokens = tokens
-            if pad > step.shape.num_tokens:
-                step.shape.padded_tokens = pad
+            step.shape.group_tokens = across
+            if n > step.shape.num_tokens:
+                step.shape.padded_tokens = n
             rank.price_step(step)
             times.append(step.dt)
         dt = max(times)

@@ -34,7 +34,11 @@ ones from the measured tables and reports the held-out error (docs/costmodel.md,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from typing import Sequence
+
+from lab.costmodel.ops import expected_remote_ranks
 
 # vLLM custom all-reduce: buffer limit and one-shot thresholds (vllm/distributed/device_communicators/
 # custom_all_reduce.py max_size=8192*1024; csrc/custom_all_reduce.cuh one-shot below 512 KiB (<= 4 GPUs) and
@@ -231,39 +235,125 @@ def sendrecv(link: LinkSpec, byts: float) -> float:
     return link.latency_s + byts / link.bus_bandwidth
 
 
-EP_BACKENDS = ("allgather_reducescatter", "all2all", "deepep")
+# ------------------------------------------------------------------------------------------ expert parallelism
+# vLLM's ``--all2all-backend`` values this model prices (vllm/config/parallel.py ``All2AllBackend``; default
+# "allgather_reducescatter"). Others vLLM accepts (pplx, mori, nixl_ep, flashinfer_*) are not modelled.
+EP_BACKENDS = ("allgather_reducescatter", "naive", "deepep_high_throughput", "deepep_low_latency")
+DEFAULT_EP_BACKEND = "allgather_reducescatter"
+# Tokens per DP rank one DeepEP low-latency dispatch/combine round takes: vLLM's batched all-to-all kernels run the
+# MoE in chunks of VLLM_MOE_DP_CHUNK_SIZE tokens per rank (vllm/envs.py, default 256), the size of the low-latency
+# buffer (``num_max_dispatch_tokens_per_rank``); every rank runs as many rounds as the rank with the most tokens.
+DEEPEP_LL_MAX_TOKENS_PER_RANK = 256
 
 
-def ep_dispatch_combine(link: LinkSpec, ep: int, tokens_per_rank: float, hidden: int, top_k: int,
-                        dispatch_bytes: float = 2.0, backend: str = "allgather_reducescatter") -> float:
-    """Seconds of one MoE layer's token dispatch plus combine over an ``ep``-GPU expert-parallel group.
+def allgatherv(link: LinkSpec, contrib_bytes: Sequence[float]) -> float:
+    """NCCL all-gather of unequal shares (vLLM ``all_gatherv``): GPU ``r`` contributes ``contrib_bytes[r]`` and
+    receives every other share; the GPU that receives the most (the smallest contributor) sets the time:
+    ``latency + (Σ B - min B) / bus_bandwidth``, seconds. Equal shares give :func:`allgather`'s (n-1)/n · B_total."""
+    n = len(contrib_bytes)
+    total = float(sum(contrib_bytes))
+    if n <= 1 or total <= 0:
+        return 0.0
+    return link.latency_s + (total - min(contrib_bytes)) / link.bus_bandwidth
+
+
+def reducescatterv(link: LinkSpec, keep_bytes: Sequence[float]) -> float:
+    """NCCL reduce-scatter into unequal shares (GPU ``r`` keeps ``keep_bytes[r]`` of the reduced buffer): the mirror
+    of :func:`allgatherv`, same time, seconds."""
+    return allgatherv(link, keep_bytes)
+
+
+def _sparse_alltoall(link: LinkSpec, send_rows: Sequence[float], recv_rows: Sequence[float],
+                     row_bytes: float) -> float:
+    """One all-to-all in which GPU ``r`` sends ``send_rows[r]`` and receives ``recv_rows[r]`` rows of ``row_bytes``
+    to / from the other GPUs: the busiest GPU's larger direction over the link, seconds."""
+    busiest = max(max(s, r) for s, r in zip(send_rows, recv_rows))
+    if busiest <= 0:
+        return 0.0
+    return link.latency_s + busiest * row_bytes / link.bus_bandwidth
+
+
+def _dedup_rows(tokens: Sequence[float], top_k: int) -> tuple[list[float], list[float]]:
+    """(rows each GPU sends, rows each GPU receives) when a token goes once to every other GPU holding one of its
+    top-k experts (DeepEP high-throughput; uniform routing): send ``T_r · remote``, receive
+    ``Σ_{s≠r} T_s · p`` with p = 1 - (1 - 1/ep)^k the chance that a token hits a given GPU."""
+    ep = len(tokens)
+    p = 1.0 - (1.0 - 1.0 / ep) ** top_k
+    remote = expected_remote_ranks(top_k, ep)
+    total = float(sum(tokens))
+    return [t * remote for t in tokens], [(total - t) * p for t in tokens]
+
+
+def _per_expert_rows(tokens: Sequence[float], top_k: int) -> tuple[list[float], list[float]]:
+    """(rows sent, rows received) per GPU when every (token, expert) pair is its own message (DeepEP low-latency:
+    no per-GPU de-duplication): send ``T_r · k · (ep-1)/ep``, receive ``Σ_{s≠r} T_s · k/ep``."""
+    ep = len(tokens)
+    total = float(sum(tokens))
+    return ([t * top_k * (ep - 1) / ep for t in tokens], [(total - t) * top_k / ep for t in tokens])
+
+
+def ep_dispatch_combine(link: LinkSpec, tokens: Sequence[float], hidden: int, top_k: int,
+                        dispatch_bytes: float = 2.0, backend: str = DEFAULT_EP_BACKEND,
+                        ll_max_tokens: int = DEEPEP_LL_MAX_TOKENS_PER_RANK) -> float:
+    """Seconds of one MoE layer's token dispatch plus combine over an expert-parallel group, from every GPU's
+    token count.
 
     Args:
-        link: the group's link.
-        ep: GPUs in the group.
-        tokens_per_rank: tokens entering the MoE layer on the busiest rank (its DP rank's batch).
+        link: the group's link (the inter-node one when the group spans nodes, :func:`group_link`).
+        tokens: tokens entering the MoE layer on each GPU of the group, as vLLM's ``num_tokens_across_dp`` holds
+            them (padded to the group's largest count under CUDA graphs; a dummy batch counts); len = GPUs.
         hidden: model hidden size.
         top_k: experts per token.
-        dispatch_bytes: bytes per dispatched element (2 bf16, 1 fp8); combine is always bf16.
-        backend: vLLM ``--all2all-backend``: "allgather_reducescatter" (vLLM's default without DeepEP: all-gather
-            every rank's tokens, reduce-scatter the outputs: ``ep x tokens`` rows each way) or "all2all" / "deepep"
-            (tokens go only to the ranks holding their experts: ``tokens x remote ranks`` rows each way, remote
-            ranks = the expected distinct other GPUs of a token's top-k experts under uniform routing).
+        dispatch_bytes: bytes per dispatched element (2 bf16, 1 fp8); the combine is always bf16 (2).
+        backend: vLLM ``--all2all-backend``, one of :data:`EP_BACKENDS`:
+
+            * "allgather_reducescatter" (vLLM's default; ``AgRsAll2AllManager``): dispatch all-gathers every GPU's
+              hidden states (``all_gatherv`` with the per-rank sizes), combine reduce-scatters the outputs:
+              :func:`allgatherv` of ``T_r·h·b`` + :func:`reducescatterv` of ``T_r·h·2`` (Σ T rows each way);
+            * "naive" (``NaiveAll2AllManager``): dispatch broadcasts each GPU's tokens in turn (one NCCL call per
+              GPU), combine all-reduces the full ``Σ T x h`` bf16 buffer;
+            * "deepep_high_throughput": each token goes once to every other GPU holding one of its experts
+              (``T_r · remote`` rows out, ``Σ_{s≠r} T_s · p`` in); one all-to-all each way, paced by the busiest
+              GPU;
+            * "deepep_low_latency": one message per (token, expert), no de-duplication (``T_r·k·(ep-1)/ep`` out),
+              in rounds of ``ll_max_tokens`` tokens per GPU (the low-latency buffer, vLLM's
+              ``VLLM_MOE_DP_CHUNK_SIZE``); every GPU runs ``ceil(max T / ll_max_tokens)`` rounds (an idle GPU's
+              empty rounds too), each a dispatch and a combine with its own latency.
+        ll_max_tokens: the low-latency buffer, tokens per GPU per round.
+
+    Uniform routing is assumed (remote ranks and receive shares are expectations). Sources: vLLM
+    vllm/distributed/device_communicators/all2all.py (the managers above); DeepEP README / docs/legacy.md (normal
+    kernels de-duplicate per GPU and node; low-latency kernels send per expert from a fixed-size buffer).
 
     Raises:
-        ValueError: unknown backend.
+        ValueError: unknown backend (one line naming the allowed ones), or ``ll_max_tokens < 1``.
     """
-    if ep <= 1 or tokens_per_rank <= 0:
+    if backend not in EP_BACKENDS:
+        raise ValueError(f"all2all_backend {backend!r}: expected one of {', '.join(EP_BACKENDS)}")
+    n = len(tokens)
+    if n <= 1 or max(tokens, default=0) <= 0:
         return 0.0
     if backend == "allgather_reducescatter":
-        rows = ep * tokens_per_rank
-        return allgather(link, ep, rows * hidden * dispatch_bytes) + reducescatter(link, ep, rows * hidden * 2.0)
-    if backend in ("all2all", "deepep"):
-        distinct = ep * (1.0 - (1.0 - 1.0 / ep) ** top_k)
-        remote = distinct * (ep - 1) / ep
-        rows = tokens_per_rank * remote
-        return alltoall(link, ep, rows * hidden * dispatch_bytes) + alltoall(link, ep, rows * hidden * 2.0)
-    raise ValueError(f"all2all backend {backend!r}: expected one of {', '.join(EP_BACKENDS)}")
+        return (allgatherv(link, [t * hidden * dispatch_bytes for t in tokens])
+                + reducescatterv(link, [t * hidden * 2.0 for t in tokens]))
+    if backend == "naive":
+        bcast = sum(sendrecv(link, t * hidden * dispatch_bytes) for t in tokens)
+        return bcast + allreduce(link, n, float(sum(tokens)) * hidden * 2.0)
+    if backend == "deepep_high_throughput":
+        send, recv = _dedup_rows(tokens, top_k)
+        return (_sparse_alltoall(link, send, recv, hidden * dispatch_bytes)
+                + _sparse_alltoall(link, recv, send, hidden * 2.0))
+    if ll_max_tokens < 1:
+        raise ValueError(f"deepep_low_latency buffer: ll_max_tokens must be >= 1, got {ll_max_tokens}")
+    rounds = math.ceil(max(tokens) / ll_max_tokens)
+    t = 0.0
+    for j in range(rounds):
+        chunk = [min(ll_max_tokens, max(0.0, x - j * ll_max_tokens)) for x in tokens]
+        send, recv = _per_expert_rows(chunk, top_k)
+        # a round with nothing to move still synchronises every GPU: at least one latency each way
+        t += max(link.latency_s, _sparse_alltoall(link, send, recv, hidden * dispatch_bytes))
+        t += max(link.latency_s, _sparse_alltoall(link, recv, send, hidden * 2.0))
+    return t
 
 
 # ------------------------------------------------------------------------------------------ catalog

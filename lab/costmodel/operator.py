@@ -101,15 +101,23 @@ def _stage_calls(where: Where, counts: list[tuple[int, int, int]]) -> list[int]:
 
 class _TokOp:
     """An operator whose cost depends only on (tokens, sequences) of the step: ``calls`` per step in all, run
-    ``where`` (see ``Where``)."""
+    ``where`` (see ``Where``). An expert-parallel operator (routed experts, EP all-to-all) also has ``group_fn``:
+    its seconds from every DP rank's token count (``BatchShape.group_tokens``); ``fn`` is then ``group_fn`` with
+    every rank at this rank's count."""
 
-    __slots__ = ("name", "group", "calls", "fn", "work", "source", "kernels", "where")
+    __slots__ = ("name", "group", "calls", "fn", "work", "source", "kernels", "where", "group_fn")
 
     def __init__(self, name: str, group: str, calls: int, fn: Callable[[int, int], float],
                  work: Callable[[int, int], tuple[float, float]], source: str, kernels: int = 1,
-                 where: Where = _LAYER) -> None:
+                 where: Where = _LAYER, group_fn: Callable[[tuple[int, ...]], float] | None = None) -> None:
         self.name, self.group, self.calls, self.fn, self.work = name, group, calls, fn, work
-        self.source, self.kernels, self.where = source, kernels, where
+        self.source, self.kernels, self.where, self.group_fn = source, kernels, where, group_fn
+
+    def time(self, T: int, S: int, G: tuple[int, ...]) -> float:
+        """Seconds of one call: from the group's per-rank tokens ``G`` when given and this op depends on them."""
+        if G and self.group_fn is not None:
+            return self.group_fn(G)
+        return self.fn(T, S)
 
 
 class OperatorCostModel(CostModelBase):
@@ -129,8 +137,8 @@ class OperatorCostModel(CostModelBase):
         links: (TP link, EP link, PP link) of lab/costmodel/comm.py; default: the catalog's link for the GPUs each
             group spans (``comm.group_link``: a group larger than a node runs on the inter-node link). Collectives
             without a measured table or fitted curve are priced by comm.py.
-        all2all_backend: vLLM ``--all2all-backend`` for EP dispatch/combine ("allgather_reducescatter", "all2all",
-            "deepep").
+        all2all_backend: vLLM ``--all2all-backend`` for EP dispatch/combine, one of ``comm.EP_BACKENDS``
+            (default vLLM's, "allgather_reducescatter"); priced by ``comm.ep_dispatch_combine``.
         moe_imbalance: multiplies the routed-expert time (busiest GPU / mean; 1 = balanced routing).
         enforce_eager: no CUDA graphs: each call costs at least ``kernels x cpu_launch_s``.
         cpu_launch_s: host time to issue one kernel in eager mode.
@@ -144,7 +152,7 @@ class OperatorCostModel(CostModelBase):
                  link_bandwidth: float | None = None, link_latency_s: float | None = None,
                  moe_imbalance: float = 1.0, enforce_eager: bool = False, cpu_launch_s: float = 6e-6,
                  links: tuple[comm.LinkSpec, comm.LinkSpec, comm.LinkSpec] | None = None,
-                 all2all_backend: str = "all2all") -> None:
+                 all2all_backend: str = comm.DEFAULT_EP_BACKEND) -> None:
         self.model = model
         self.hw = hardware
         self.par = parallel or Parallelism()
@@ -183,9 +191,9 @@ class OperatorCostModel(CostModelBase):
         self.heads = max(1, m.num_heads // p.tp)
         self.kv_heads = max(1, m.num_kv_heads // p.tp)
         self.kv_tok = m.kv_bytes_per_token_per_layer(self.kvdtype, p.tp)
-        self._cache: dict[tuple[int, int], tuple[float, float, dict[str, float]]] = {}
+        self._cache: dict[tuple[int, int, tuple[int, ...]], tuple[float, float, dict[str, float]]] = {}
         self._stage_counts_cache: dict[tuple[int, ...], list[tuple[int, int, int]]] = {}
-        self._stage_cache: dict[tuple[int, int, tuple[int, ...]], list[float]] = {}
+        self._stage_cache: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], list[float]] = {}
         # fitted attention-core curves; set by the attention setup when no table covers the core
         self.pre_curve: Curve | None = None
         self.dec_curve: Curve | None = None
@@ -459,25 +467,51 @@ class OperatorCostModel(CostModelBase):
                     return self._roof(F, B, e.gemm_compute, e.gemm_memory, peak) + 4 * e.kernel_launch_s
                 src = "roofline"
         imb = self.moe_imbalance
+
+        def experts_of_group(G: tuple[int, ...]) -> float:
+            total = sum(G)  # every DP rank's tokens enter the EP group's MoE block
+            return imb * fn(total) if total > 0 else 0.0
         self.tok_ops.append(_TokOp("moe_experts", "moe", self._calls(_MOE),
                                    lambda T, S: imb * fn(T * dp) if T > 0 else 0.0,
                                    lambda T, S: ops.moe_experts(T * dp, h, i_r, k, E, p.ep, wb, wb), src, kernels=6,
-                                   where=_MOE))
+                                   where=_MOE, group_fn=experts_of_group if p.ep > 1 else None))
         if m.num_shared_experts:
             i_s = m.num_shared_experts * i_full // p.tp
             add_gemm("shared_gate_up", 2 * i_s, h, _MOE, group="moe")
             add_elem("shared_act", "act", 6 * i_s, _MOE)
             add_gemm("shared_down", h, i_s, _MOE, group="moe")
         if p.ep > 1:
-            remote = ops.expected_remote_ranks(k, p.ep)
             disp_b = 1.0 if self.wdtype == "fp8" else 2.0
             link, backend = self.ep_link, self.all2all_backend
+            per_token = self._ep_rows_per_token(backend) * h * (disp_b + 2.0)
 
-            def a2a(T: int, S: int) -> float:
-                return comm.ep_dispatch_combine(link, p.ep, T, h, k, disp_b, backend)
-            self.tok_ops.append(_TokOp("ep_alltoall", "communication", self._calls(_MOE), a2a,
-                                       lambda T, S: (0.0, T * remote * h * (disp_b + 2.0)),
-                                       f"comm:{link.name} [{backend}]", kernels=2, where=_MOE))
+            def a2a_of_group(G: tuple[int, ...]) -> float:
+                return comm.ep_dispatch_combine(link, self._ep_gpu_tokens(G), h, k, disp_b, backend)
+            self.tok_ops.append(_TokOp("ep_alltoall", "communication", self._calls(_MOE),
+                                       lambda T, S: a2a_of_group((T,) * p.dp),
+                                       lambda T, S: (0.0, T * per_token),
+                                       f"comm:{link.name} [{backend}]", kernels=2, where=_MOE,
+                                       group_fn=a2a_of_group))
+
+    def _ep_gpu_tokens(self, G: tuple[int, ...]) -> tuple[int, ...]:
+        """Tokens on each GPU of the collective, from the DP ranks' counts ``G``: the all-gather backends run over
+        the DP group (one GPU per rank and TP index, vLLM's ``get_dp_group()``); the dispatch-combine backends over
+        all ``ep = tp x dp`` GPUs, each GPU of a DP rank carrying its rank's tokens (as after the TP all-reduce;
+        vLLM's sequence-parallel MoE split is not modelled)."""
+        if self.all2all_backend in ("allgather_reducescatter", "naive") or self.par.tp == 1:
+            return G
+        return tuple(g for g in G for _ in range(self.par.tp))
+
+    def _ep_rows_per_token(self, backend: str) -> float:
+        """Rows one of this GPU's tokens puts on the link per direction, every rank at the same count (for
+        ``explain``'s bytes): the other DP ranks' copies for the all-gather backends, the expected remote GPUs
+        (DeepEP high-throughput) or remote (token, expert) pairs (DeepEP low-latency)."""
+        p, k = self.par, self.model.experts_per_token
+        if backend in ("allgather_reducescatter", "naive"):
+            return float(p.dp - 1)
+        if backend == "deepep_high_throughput":
+            return ops.expected_remote_ranks(k, p.ep)
+        return k * (p.ep - 1) / p.ep
 
     # ------------------------------------------------------------------------------------------ attention
     def _attention_layer(self, shape: BatchShape) -> tuple[float, float]:
@@ -627,9 +661,26 @@ class OperatorCostModel(CostModelBase):
         return (Fp, Bp), (Fd, Bd)
 
     # ------------------------------------------------------------------------------------------ step
-    def _token_terms(self, T: int, S: int) -> tuple[float, float, dict[str, float]]:
-        """(GPU seconds, eager host-bound extra seconds, seconds per operator) of the token-only operators."""
-        key = (T, S)
+    def _group(self, shape: BatchShape) -> tuple[int, ...]:
+        """The DP ranks' token counts the EP operators are priced from: ``shape.group_tokens`` in a lock-step group
+        with EP, () otherwise or when every rank runs this rank's count (the uniform case ``fn`` prices).
+
+        Raises:
+            ValueError: ``group_tokens`` does not hold one count per DP rank.
+        """
+        G = shape.group_tokens
+        if not G or self.par.ep == 1:
+            return ()
+        if len(G) != self.par.dp:
+            raise ValueError(f"group_tokens holds {len(G)} ranks' counts; this cost model's DP group has "
+                             f"{self.par.dp} ranks (hardware.data_parallel_size)")
+        T = shape.dense_tokens
+        return () if all(g == T for g in G) else tuple(G)
+
+    def _token_terms(self, T: int, S: int, G: tuple[int, ...] = ()) -> tuple[float, float, dict[str, float]]:
+        """(GPU seconds, eager host-bound extra seconds, seconds per operator) of the token-only operators; ``G``:
+        the DP ranks' token counts for the EP operators (() = every rank at ``T``)."""
+        key = (T, S, G)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -637,7 +688,7 @@ class OperatorCostModel(CostModelBase):
         extra = 0.0
         floor = self.cpu_launch_s if self.enforce_eager else 0.0
         for op in self.tok_ops:
-            t = op.fn(T, S)
+            t = op.time(T, S, G)
             if floor and t < op.kernels * floor:
                 extra += (op.kernels * floor - t) * op.calls
             parts[op.name] = parts.get(op.name, 0.0) + t * op.calls
@@ -655,16 +706,17 @@ class OperatorCostModel(CostModelBase):
     def step_time(self, shape: BatchShape) -> float:
         if shape.num_tokens == 0:
             return self.eff.step_overhead_s
-        tok, extra, _ = self._token_terms(shape.dense_tokens, shape.num_logits)
+        tok, extra, _ = self._token_terms(shape.dense_tokens, shape.num_logits, self._group(shape))
         pre, dec = self._attention_layer(shape)
         t = tok + (pre + dec) * self.attn_calls + self.eff.step_overhead_s
         if self.enforce_eager:
             t += extra + self._attn_extra(pre, dec) * self.attn_calls
         return t
 
-    def _stage_token_terms(self, T: int, S: int, stage_layers: tuple[int, ...]) -> list[float]:
+    def _stage_token_terms(self, T: int, S: int, stage_layers: tuple[int, ...],
+                           G: tuple[int, ...] = ()) -> list[float]:
         """Seconds of the token-only operators (with the eager host-bound extra) on each pipeline stage; cached."""
-        key = (T, S, stage_layers)
+        key = (T, S, stage_layers, G)
         hit = self._stage_cache.get(key)
         if hit is not None:
             return hit
@@ -672,7 +724,7 @@ class OperatorCostModel(CostModelBase):
         out = [0.0] * len(stage_layers)
         floor = self.cpu_launch_s if self.enforce_eager else 0.0
         for op in self.tok_ops:
-            t = op.fn(T, S)
+            t = op.time(T, S, G)
             if floor and t < op.kernels * floor:
                 t = op.kernels * floor
             for s, calls in enumerate(_stage_calls(op.where, counts)):
@@ -702,7 +754,7 @@ class OperatorCostModel(CostModelBase):
                              f"layers over the {self.par.pp} pipeline stages this cost model was built for")
         if shape.num_tokens == 0:
             return [self.eff.step_overhead_s] + [0.0] * (len(layers) - 1)
-        out = list(self._stage_token_terms(shape.dense_tokens, shape.num_logits, layers))
+        out = list(self._stage_token_terms(shape.dense_tokens, shape.num_logits, layers, self._group(shape)))
         pre, dec = self._attention_layer(shape)
         attn = pre + dec
         if self.enforce_eager:
@@ -717,7 +769,7 @@ class OperatorCostModel(CostModelBase):
         ``host_launch_bound`` (time kernels wait for the host to issue them); sums to :meth:`step_time`."""
         if shape.num_tokens == 0:
             return {"overhead": self.eff.step_overhead_s}
-        tok, extra, parts = self._token_terms(shape.dense_tokens, shape.num_logits)
+        tok, extra, parts = self._token_terms(shape.dense_tokens, shape.num_logits, self._group(shape))
         pre, dec = self._attention_layer(shape)
         out = dict(parts)
         key = "attention" if self.mla_mode != "module-table" else "mla_module"
@@ -731,8 +783,8 @@ class OperatorCostModel(CostModelBase):
     def op_calls(self, shape: BatchShape) -> list[tuple[float, int, int]]:
         """(GPU seconds per call, calls, kernels per call) of every operator of the step, for fitting host
         overheads (lab/costmodel/checks.py)."""
-        T, S = shape.dense_tokens, shape.num_logits
-        rows = [(op.fn(T, S), op.calls, op.kernels) for op in self.tok_ops]
+        T, S, G = shape.dense_tokens, shape.num_logits, self._group(shape)
+        rows = [(op.time(T, S, G), op.calls, op.kernels) for op in self.tok_ops]
         pre, dec = self._attention_layer(shape)
         if pre:
             rows.append((pre, self.attn_calls, 1))
@@ -742,14 +794,14 @@ class OperatorCostModel(CostModelBase):
 
     def explain(self, shape: BatchShape) -> list[OpRow]:
         """Every operator of the step with its calls, total time, source, FLOPs and bytes (summed over calls)."""
-        T, S = shape.dense_tokens, shape.num_logits
+        T, S, G = shape.dense_tokens, shape.num_logits, self._group(shape)
         rows: list[OpRow] = []
         if T == 0:
             return [OpRow("overhead", "overhead", 1, self.eff.step_overhead_s, "config", 0.0, 0.0)]
-        tok, extra, parts = self._token_terms(T, S)
+        tok, extra, parts = self._token_terms(T, S, G)
         for op in self.tok_ops:
             f, b = op.work(T, S)
-            rows.append(OpRow(op.name, op.group, op.calls, op.fn(T, S) * op.calls, op.source, f * op.calls,
+            rows.append(OpRow(op.name, op.group, op.calls, op.time(T, S, G) * op.calls, op.source, f * op.calls,
                               b * op.calls))
         pre, dec = self._attention_layer(shape)
         (Fp, Bp), (Fd, Bd) = self._attention_work(shape)
@@ -818,4 +870,5 @@ def build_operator_cost_model(exp, model: ModelArch, hw: Hardware,
     return OperatorCostModel(model, hw, par, weight_dtype=exp.model.dtype, kv_dtype=kv_dtype, tables=tables,
                              curves=curves, efficiency=Efficiency(**over), link_bandwidth=link,
                              link_latency_s=latency, moe_imbalance=c.moe_imbalance,
-                             enforce_eager=not exp.engine.cudagraph, cpu_launch_s=c.cpu_launch_us * 1e-6)
+                             enforce_eager=not exp.engine.cudagraph, cpu_launch_s=c.cpu_launch_us * 1e-6,
+                             all2all_backend=h.all2all_backend)

@@ -85,8 +85,9 @@ class WorkloadConfig(_Strict):
                                     "the next sent when one completes (vllm bench serve --max-concurrency); with "
                                     "a synthetic source and no explicit rate, every request is ready at t = 0")
     think_time_s: float = Field(0.0, ge=0, description="closed loop: seconds between a completion and the next send")
-    num_warmup: int = Field(0, ge=0, description="closed loop: leading requests sent first as a warm-up and left "
-                            "out of the metrics")
+    num_warmup: int = Field(0, ge=0, description="closed loop: extra copies of the first request sent first as a "
+                            "warm-up and left out of the metrics (vllm bench serve --num-warmups); num_requests "
+                            "are all measured")
     turns: LengthSpec = Field(_DEFAULT_TURNS,
                               description="sessions: turns per conversation (num_requests = sessions, rate = "
                               "sessions/s)")
@@ -135,6 +136,9 @@ class HardwareConfig(_Strict):
     data_parallel_lock_step: bool | None = Field(
         None, description="DP ranks step together (slowest rank sets the pace, idle ranks run a dummy batch); "
         "default: on with expert parallelism (data_parallel_size > 1 and expert_parallel_size > 1), as vLLM does")
+    all2all_backend: Literal["allgather_reducescatter", "naive", "deepep_high_throughput", "deepep_low_latency"] = Field(
+        "allgather_reducescatter", description="vLLM --all2all-backend: how the MoE dispatch/combine moves tokens "
+        "between the expert-parallel GPUs (lab/costmodel/comm.py ep_dispatch_combine); vLLM's default")
     link_gbps: float | None = Field(None, gt=0, description="override the catalog's per-GPU link bandwidth (GB/s)")
     link_latency_us: float = Field(10.0, ge=0, description="collective latency per call (µs)")
 

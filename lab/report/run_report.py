@@ -105,6 +105,8 @@ def instances_table(req: pd.DataFrame, result: SimResult, duration: float) -> li
     for inst in result.instances:
         i = inst.instance_id
         r = req[visited[i]] if served_elsewhere else req[req["instance"] == i]
+        if "warmup" in r:  # closed-loop warm-up requests are not measured, here as in the run's totals
+            r = r[~r["warmup"]]
         fin = r[r["status"] == "finished"]
 
         def stat(col: str, fn) -> float | None:
@@ -503,7 +505,9 @@ def markdown(summary: dict, figures: list[tuple[str, str]]) -> str:
              f"{summary['num_unfinished']} | {summary['duration_s']:.1f} | {summary['request_throughput']:.2f} | "
              f"{summary['output_token_throughput']:.0f} | {summary['total_token_throughput']:.0f} | "
              f"{summary['num_preemptions']} |", "",
-             f"Offered load: {summary.get('offered_load', '')}.", "",
+             f"Offered load: {summary.get('offered_load', '')}."
+             + (f" {summary['num_warmup']} warm-up requests ran first and are left out of every figure."
+                if summary.get("num_warmup") else ""), "",
              "| metric (ms) | mean | median | p90 | p99 |", "|---|---:|---:|---:|---:|"]
     for m in ("ttft", "tpot", "itl", "e2el", "queue_time"):
         s = summary[m]

@@ -6,10 +6,10 @@ measured from the start of its phase; it is sent at the first moment after that 
 flight, and its ``arrival_time`` becomes that send time, so TTFT is measured from the client's send. A completed
 request (finished or rejected) frees its slot ``think_time_s`` after the client has received its last token (the
 engine's finish plus the front-end's streaming time, lab/cluster/frontend.py; with a front-end, ``arrival_time`` is
-then the engine's queue entry and ``sent_time`` the send). The first ``num_warmup`` requests form a
+then the engine's queue entry and ``sent_time`` the send). The first ``num_warmup`` requests given form a
 warm-up phase: they are sent the same way, the measured phase starts when the last of them has completed, and they
-are marked ``warmup`` and left out of the metrics (``vllm bench serve --num-warmups``: warm-up requests run before
-the benchmark's clock starts).
+are marked ``warmup`` and left out of the metrics. The simulation makes them as ``vllm bench serve --num-warmups``
+does (:func:`warmup_copies`: extra copies of the first request, run before the benchmark's clock starts).
 """
 
 from __future__ import annotations
@@ -21,6 +21,28 @@ import simpy
 from lab.cluster.frontend import received_time
 from lab.core.request import Request
 from lab.engine.window import delay_until
+
+
+def warmup_copies(first: Request, num_warmup: int, start_index: int) -> list[Request]:
+    """The warm-up requests of a closed-loop run, as ``vllm bench serve --num-warmups N`` sends them
+    (vllm/benchmarks/serve.py): N extra copies of the first request (same prompt and output lengths, same token ids,
+    so the first measured request may hit their prefix), all ready at the start, run through the same concurrency
+    limit before the benchmark's clock starts; the measured requests are all the others.
+
+    Args:
+        first: the run's first request (its planned arrival time is the warm-up's).
+        num_warmup: N (>= 1).
+        start_index: index of the first copy; copies take ``start_index .. start_index + N - 1`` (pass the number
+            of requests, so indices stay unique and non-negative).
+
+    Returns:
+        N requests with ids ``warmup-0`` .. ``warmup-{N-1}``.
+    """
+    return [Request(start_index + k, first.arrival_time, first.prompt_len, first.max_tokens, first.priority,
+                    request_id=f"warmup-{k}", prompt_token_ids=first.prompt_token_ids,
+                    output_token_ids=first.output_token_ids, hash_ids=first.hash_ids,
+                    hash_block_size=first.hash_block_size, session_id=first.session_id)
+            for k in range(num_warmup)]
 
 
 class ClosedLoopClients:
