@@ -129,3 +129,16 @@ def test_zero_attention_heads_in_a_config_json_is_a_one_line_error(tmp_path):
     with pytest.raises(ValueError) as e:
         build_deployment(exp)
     assert f"{path}: num_attention_heads must be a positive integer, got 0" in str(e.value)
+
+
+@pytest.mark.parametrize("section, typo, suggestion", [
+    ({"engine": {"max_num_seq": 16}}, "engine.max_num_seq", "'max_num_seqs'"),
+    ({"workload": {"sourc": "synthetic"}}, "workload.sourc", "'source'"),
+    ({"workload": {"prompt_tokens": {"kind": "lognormal", "medain": 300}}}, "workload.prompt_tokens.medain",
+     "'median'"),
+])
+def test_a_typo_in_a_field_name_is_one_line_naming_the_closest_field(section, typo, suggestion):
+    with pytest.raises(ConfigError) as e:
+        parse_experiment({"name": "t", **section}, "t.yaml")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"t.yaml: {typo}: unknown field; did you mean") and suggestion in msg

@@ -194,3 +194,27 @@ def test_bad_percentile_options_fail_in_one_line(tmp_path, flag, value):
                               flag, value])
     assert res.exit_code == 2
     assert flag in res.output and value in res.output and "Traceback" not in res.output
+
+
+def test_slo_bounds_typed_in_milliseconds_get_a_note(tmp_path):
+    res = runner.invoke(app, ["run", str(REPO / "experiments" / "demo.yaml"), "--out", str(tmp_path / "o"), "-q",
+                              "--no-plots", "--set", "workload.num_requests=10", "--set", "slo.ttft_s=500"])
+    assert res.exit_code == 0 and "note: slo.ttft_s is 500 s (SLO bounds are in seconds" in res.output
+
+
+def test_request_rate_inf_sends_every_request_at_once(tmp_path):
+    res = runner.invoke(app, ["run", str(REPO / "experiments" / "demo.yaml"), "--out", str(tmp_path / "o"), "-q",
+                              "--no-plots", "--set", "workload.num_requests=12", "--set", "workload.rate=inf",
+                              "--set", "workload.concurrency=4"])
+    assert res.exit_code == 0, res.output
+    bench = json.loads((tmp_path / "o" / "bench_result.json").read_text())
+    assert bench["request_rate"] == "inf" and bench["max_concurrency"] == 4
+
+
+def test_a_sweep_axis_that_is_not_a_field_is_named_in_the_sweeps_terms(tmp_path):
+    path = tmp_path / "sw.yaml"
+    path.write_text(f"name: sw\nbase: {REPO / 'experiments' / 'demo.yaml'}\naxes: {{engine.max_num_seq: [32, 64]}}\n")
+    res = runner.invoke(app, ["sweep", str(path), "--out", str(tmp_path / "o")], terminal_width=300)
+    assert res.exit_code == 2
+    assert "[point 0: engine.max_num_seq=32]: engine.max_num_seq: unknown field; did you mean 'max_num_seqs'?" \
+        in res.output

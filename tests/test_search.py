@@ -81,3 +81,37 @@ def test_the_search_command_writes_its_answer(tmp_path):
     assert "| base |" in (tmp_path / "out" / "search.md").read_text()
     bad = CliRunner().invoke(app, ["search", str(tmp_path / "missing.yaml")])
     assert bad.exit_code == 2
+
+
+def test_a_backlog_that_still_grows_at_the_last_arrival_is_flagged_and_a_bounded_one_is_not():
+    import numpy as np
+    import pandas as pd
+
+    from lab.report.search import queue_growth
+
+    arrivals = np.arange(100, dtype=float)  # one request per second for 100 s
+    bounded = pd.DataFrame({"arrival_time": arrivals, "finish_time": arrivals + 5.0})  # Little: ~5 in the system
+    growing = pd.DataFrame({"arrival_time": arrivals, "finish_time": arrivals * 2.0 + 1.0})  # served at half rate
+    assert queue_growth(bounded)["queue_growing"] is False
+    g = queue_growth(growing)
+    # at t = 99: arrived 100, finished those with 2a + 1 <= 99 (a <= 49) -> 50 in the system; at t = 49.5: 25
+    assert (g["in_system_at_last_arrival"], g["in_system_at_mid_arrivals"], g["queue_growing"]) == (50, 25, True)
+
+
+def test_a_short_trace_at_a_rate_it_cannot_sustain_misses_unless_told_otherwise(tmp_path):
+    over = {"base": {**BASE, "workload": {**BASE["workload"], "rate": 200.0}}, "find": "max_rate", "low": 150,
+            "high": 200, "slo": {"ttft_s": 60.0, "percentile": 90}}
+    spec, path = _spec(tmp_path, **over)
+    [res] = run_search(spec, path)
+    assert res.value is None and all(p.figures["queue_growing"] for p in res.probes)
+    spec, path = _spec(tmp_path, require_stable_queue=False, **over)
+    [res] = run_search(spec, path)
+    assert res.value == 200  # the latency bound alone is met by a 120-request burst
+
+
+def test_a_typo_in_a_search_file_stops_the_search_naming_the_field(tmp_path):
+    from lab.experiment.config import UnknownFieldError
+
+    spec, path = _spec(tmp_path, field="workload.rat")
+    with pytest.raises(UnknownFieldError, match=r"workload\.rat: unknown field; did you mean 'rate'"):
+        run_search(spec, path)

@@ -25,6 +25,7 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 EXPERIMENT_ARG = typer.Argument(..., help="experiment YAML file", exists=False)
 OUT_OPT = typer.Option(None, "--out", "-o", help="output folder (default reports/<experiment name>/)")
+NAMED_OUT_OPT = typer.Option(None, "--out", "-o", help="output folder (default reports/<name>/, the file's name field)")
 DATA_OPT = typer.Option(None, "--data-dir", help="shared data folder (default $SERVELAB_DATA_DIR or ../shared/data)")
 NO_PLOTS_OPT = typer.Option(False, "--no-plots", help="write tables only, no PNG plots")
 QUIET_OPT = typer.Option(False, "--quiet", "-q", help="no progress bar")
@@ -48,7 +49,16 @@ def _load(path: Path, data_dir: Optional[Path], sets: Optional[list[str]]):
         _fail(str(e))
     if "gpu" in (overrides.get("hardware") or {}):
         _note_pinned_limits(exp, overrides)
+    _note_slo_units(exp.slo)
     return exp
+
+
+def _note_slo_units(slo) -> None:
+    """A note on stderr for SLO bounds that look like milliseconds in a seconds field (the run goes on)."""
+    from lab.experiment.config import implausible_slo_bounds
+
+    for note in implausible_slo_bounds(slo):
+        err_console.print(f"note: {note}", highlight=False)
 
 
 def _note_pinned_limits(exp, overrides: dict) -> None:
@@ -296,7 +306,7 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
         _fail("--workloads: empty; name at least one workload, or give --vidur")
     try:  # check the Vidur options before running anything
         case = VidurCase(vidur_model, vidur_tp, vidur_trace, vidur_scheduler, vidur_chunk_size, vidur_time_scale,
-                         str(vidur_attention_file) if vidur_attention_file else None)
+                         str(vidur_attention_file.resolve()) if vidur_attention_file else None)
     except ValueError as e:
         _fail(str(e))
     dd = str(data_dir) if data_dir else None
@@ -319,8 +329,8 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
         err_console.print(f"running Vidur, then servelab on the same requests ({case.label}; {vidur_model}, "
                           f"TP{vidur_tp}) ...", highlight=False)
         try:
-            cmp = compare_with_vidur(str(vidur), vidur_python, case, str(PROJECT_ROOT / WORKLOADS["azure_conv"]), dd,
-                                     over)
+            cmp = compare_with_vidur(str(vidur.resolve()), vidur_python, case,
+                                     str(PROJECT_ROOT / WORKLOADS["azure_conv"]), dd, over)
         except (FileNotFoundError, RuntimeError, UnlikeReference) as e:
             _fail(str(e))
         v, s = cmp.vidur, cmp.servelab
@@ -347,7 +357,7 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
 
 
 @app.command()
-def sweep(spec: Path = typer.Argument(..., help="sweep YAML file (docs/sweeps.md)"), out: Optional[Path] = OUT_OPT,
+def sweep(spec: Path = typer.Argument(..., help="sweep YAML file (docs/sweeps.md)"), out: Optional[Path] = NAMED_OUT_OPT,
           data_dir: Optional[Path] = DATA_OPT,
           jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="worker processes (default: the file's jobs); "
                                              "with --executor ray and no --address, the local Ray instance's CPUs"),
@@ -384,20 +394,25 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML file (docs/sweeps.md
                                        executor=pool_or_ray, plots=plots)
     except (ExecutorError, OutputDirError) as e:
         _fail(str(e))
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: the runs already complete in {out_dir} are kept; run the same command "
+                          "again to resume (--fresh redoes them)", highlight=False)
+        raise typer.Exit(130)
     reused, failed = per_run.attrs.get("reused", 0), per_run.attrs.get("failed", [])
     if failed:
         err_console.print(f"{len(failed)} run(s) failed:", highlight=False)
     for variant, err in failed:
         err_console.print(f"  {variant}: {err}", highlight=False, markup=False, soft_wrap=True)
     console.print(f"{len(runs)} runs ({reused} reused, {len(runs) - reused - len(failed)} simulated, {len(failed)} "
-                  f"failed) on {pool_or_ray.name}; wrote {out_dir}/sweep.csv, sweep.parquet and sweep_summary.csv",
+                  f"failed) on {pool_or_ray.name}; wrote {out_dir}/sweep.csv, sweep.parquet, sweep_summary.csv and "
+                  "sweep.html",
                   highlight=False)
     if failed:
         raise typer.Exit(1)
 
 
 @app.command()
-def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.md)"), out: Optional[Path] = OUT_OPT,
+def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.md)"), out: Optional[Path] = NAMED_OUT_OPT,
            data_dir: Optional[Path] = DATA_OPT, quiet: bool = QUIET_OPT) -> None:
     """Find the highest load within an SLO, or the fewest instances for a load, by bisection over simulations, and
     rank candidate deployments by the GPUs they need; writes search.md and search.json."""
@@ -413,13 +428,15 @@ def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.
         search_spec, where = load_search(spec)
     except ConfigError as e:
         _fail(str(e))
+    _note_slo_units(search_spec.slo)
 
     def on_probe(name: str, probe) -> None:
         if not quiet:
             f = probe.figures
+            growing = ", backlog still growing" if f.get("queue_growing") else ""
             err_console.print(f"{name}: {probe.value} -> {'met' if probe.ok else 'missed'} (TTFT "
                               f"{f['p_ttft'] * 1e3:.0f} ms, TPOT {f['p_tpot'] * 1e3:.1f} ms, attainment "
-                              f"{f['attainment'] * 100:.1f} %)", highlight=False)
+                              f"{f['attainment'] * 100:.1f} %{growing})", highlight=False, markup=False)
 
     try:
         results = run_search(search_spec, where, data_dir, on_probe)
@@ -432,13 +449,13 @@ def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.
     (out_dir / "search.json").write_text(json.dumps(
         [{"candidate": r.candidate, "value": r.value, "gpus": r.gpus, "error": r.error,
           "probes": [{"value": p.value, "ok": p.ok, **p.figures} for p in r.probes]} for r in results], indent=1))
-    console.print(text.split("\n\nProbes")[0], highlight=False)
+    console.print(text.split("\n\nProbes")[0], highlight=False, markup=False)
     console.print(f"{sum(len(r.probes) for r in results)} simulations; wrote {out_dir}/search.md and search.json",
                   highlight=False)
 
 
 @app.command()
-def compare(spec: Path = typer.Argument(..., help="comparison YAML file"), out: Optional[Path] = OUT_OPT,
+def compare(spec: Path = typer.Argument(..., help="comparison YAML file"), out: Optional[Path] = NAMED_OUT_OPT,
             data_dir: Optional[Path] = DATA_OPT,
             jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="worker processes (default: the file's jobs)"),
             group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="run only this group (repeatable)"),

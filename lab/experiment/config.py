@@ -6,6 +6,8 @@ an error message names the file, the field path and what was expected.
 
 from __future__ import annotations
 
+import difflib
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +22,11 @@ from policies import PolicyError, check_router, check_scheduler
 
 class ConfigError(ValueError):
     """An experiment file is missing, not YAML, or fails validation."""
+
+
+class UnknownFieldError(ConfigError):
+    """A field name that is not an experiment field (a typo, or a field of another section): always the user's
+    file to fix, never a deployment that merely cannot run (``servelab search`` reports those and goes on)."""
 
 
 class _Strict(BaseModel):
@@ -72,7 +79,8 @@ class WorkloadConfig(_Strict):
     source: Literal["synthetic", "sessions", "azure", "mooncake", "llmservingsim", "csv", "vllm_bench"] = "synthetic"
     path: str | None = None
     num_requests: int = Field(500, ge=1)
-    rate: float = Field(5.0, gt=0, description="requests per second (synthetic)")
+    rate: float = Field(5.0, gt=0, description="requests per second (synthetic); inf sends every request at t = 0, "
+                        "as vllm bench serve --request-rate inf (with concurrency, the clients pace the sends)")
     cv: float = Field(1.0, gt=0, description="coefficient of variation of inter-arrival times (synthetic)")
     num_priorities: int = Field(1, ge=1)
     prompt_tokens: LengthSpec = LengthSpec(kind="lognormal", median=600, sigma=0.9, max=8192)
@@ -465,6 +473,21 @@ class ValidationConfig(_Strict):
                                        "meta.json beside the measured file")
 
 
+# Bounds above which an SLO in seconds was most likely typed in milliseconds (a TTFT of minutes, a TPOT of a second).
+SLO_PLAUSIBLE_S = {"ttft_s": 60.0, "tpot_s": 1.0, "e2el_s": 3600.0}
+
+
+def implausible_slo_bounds(slo: Any) -> list[str]:
+    """Notes for SLO bounds that look like milliseconds typed into a seconds field, e.g. ``slo.ttft_s is 500 s``.
+
+    Args:
+        slo: an object with ``ttft_s``, ``tpot_s``, ``e2el_s`` (seconds or None).
+    """
+    return [f"slo.{name} is {getattr(slo, name):g} s (SLO bounds are in seconds: 0.5 = 500 ms)"
+            for name, top in SLO_PLAUSIBLE_S.items()
+            if getattr(slo, name, None) is not None and getattr(slo, name) > top]
+
+
 class SLOConfig(_Strict):
     """Service-level objectives for goodput and SLO attainment (seconds; unset = not checked)."""
 
@@ -621,15 +644,54 @@ class Experiment(_Strict):
         return expand_path(value, self.resolved_data_dir, self.base_dir, field)
 
 
-def _format_errors(source: str, err: ValidationError) -> str:
-    lines = [f"{source}: invalid experiment"]
+def _model_at(model: type[BaseModel], path: tuple) -> type[BaseModel] | None:
+    """The pydantic model that holds the last element of ``path`` (a validation error's ``loc``), or None when
+    the path leaves the typed sections (a policy's free-form ``options``)."""
+    for part in path[:-1]:
+        if isinstance(part, int):
+            continue
+        info = model.model_fields.get(str(part))
+        if info is None:
+            return None
+        inner = [a for a in typing.get_args(info.annotation) or (info.annotation,)]
+        for a in list(inner):
+            inner += list(typing.get_args(a))
+        found = next((a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _unknown_field_message(loc: tuple, root: type[BaseModel]) -> str:
+    """"unknown field; did you mean 'max_num_seqs'?" (the closest field names of that section, difflib)."""
+    holder = _model_at(root, loc)
+    names = sorted(holder.model_fields) if holder is not None else []
+    close = difflib.get_close_matches(str(loc[-1]), names, n=2, cutoff=0.6)
+    if close:
+        return "unknown field; did you mean " + " or ".join(repr(c) for c in close) + "?"
+    if names:
+        return "unknown field; expected one of " + ", ".join(names)
+    return "unknown field"
+
+
+def _format_errors(source: str, err: ValidationError, root: type[BaseModel] | None = None) -> str:
+    """One line per bad field, ``<source>: <field.path>: <what was expected> (got <value>)``; with several, a
+    header line first. Unknown fields name the closest known ones."""
+    root = root or Experiment
+    lines = []
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
         got = e.get("input")
         got_s = "" if isinstance(got, dict) else f" (got {got!r})"
-        msg = e["msg"].removeprefix("Value error, ")  # our own validators' messages, without pydantic's prefix
-        lines.append(f"  {loc}: {msg}{got_s}")
-    return "\n".join(lines)
+        if e["type"] == "extra_forbidden":
+            msg, got_s = _unknown_field_message(tuple(e["loc"]), root), ""
+        else:
+            msg = e["msg"].removeprefix("Value error, ")  # our own validators' messages, without pydantic's prefix
+        lines.append(f"{loc}: {msg}{got_s}")
+    if len(lines) == 1:
+        return f"{source}: {lines[0]}"
+    return "\n".join([f"{source}: invalid experiment"] + [f"  {line}" for line in lines])
 
 
 def parse_experiment(data: dict, source: str = "<experiment>", base_dir: Path | None = None,
@@ -644,7 +706,8 @@ def parse_experiment(data: dict, source: str = "<experiment>", base_dir: Path | 
     try:
         exp = Experiment.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_errors(source, e)) from None
+        unknown = any(x["type"] == "extra_forbidden" for x in e.errors())
+        raise (UnknownFieldError if unknown else ConfigError)(_format_errors(source, e)) from None
     exp.base_dir = base_dir or Path.cwd()
     exp._source = source
     if data_dir is not None:

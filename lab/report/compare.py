@@ -181,7 +181,7 @@ def load_comparison(path: str | Path, data_dir: str | Path | None = None,
     try:
         spec = ComparisonSpec.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_format_errors(str(p), e).replace("invalid experiment", "invalid comparison")) from None
+        raise ConfigError(_format_errors(str(p), e, ComparisonSpec).replace("invalid experiment", "invalid comparison")) from None
     if groups:
         unknown = [g for g in groups if g not in spec.groups]
         if unknown:

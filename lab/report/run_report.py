@@ -284,6 +284,8 @@ def offered_load(exp) -> str:
         think = f", think time {w.think_time_s:g} s" if w.think_time_s else ""
         return f"{w.num_requests} multi-turn sessions starting at {w.rate:g} sessions/s{think}"
     if w.source == "synthetic":
+        if w.rate == float("inf"):
+            return f"all {w.num_requests} requests at t = 0 (request rate inf)"
         kind = "Poisson" if w.cv == 1.0 else f"Gamma (cv {w.cv:g})"
         return f"{kind} arrivals at {w.rate:g} req/s"
     scale = f", time_scale {w.time_scale:g}" if w.time_scale != 1.0 else ""
@@ -298,7 +300,7 @@ def bench_result(result: SimResult, req: pd.DataFrame, summary: dict) -> dict:
     measured = req[~req["warmup"]] if "warmup" in req else req
     w = exp.workload
     open_rate = w.source == "synthetic" and (w.concurrency is None or "rate" in w.model_fields_set)
-    rate = w.rate if open_rate else None
+    rate = w.rate if open_rate and w.rate != float("inf") else None  # None: vLLM's "inf"
     return vllm_bench_result(measured, summary, result.itl_samples, exp.output.percentiles(),
                              closed_loop_concurrency(exp), rate, result.deployment.model.name,
                              int(len(req) - len(measured)), exp.output.metrics())

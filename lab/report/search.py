@@ -18,7 +18,8 @@ Each probe is one simulation of the base experiment with the searched field set 
 ``workload.concurrency`` or ``cluster.num_instances``, or ``field``). The search assumes that the SLO, once missed,
 stays missed as load grows (or as instances are removed), and bisects: ``max_rate`` until the bracket is within
 ``tolerance`` of its lower end, the integer searches exactly. A probe counts as meeting the SLO only if every request
-finished (none rejected or unfinished).
+finished (none rejected or unfinished) and, unless ``require_stable_queue: false``, its backlog was not still
+growing at the last arrival (:func:`queue_growth`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from lab.experiment.config import ConfigError, Experiment, deep_merge, parse_experiment, read_yaml
+from lab.experiment.config import (ConfigError, Experiment, UnknownFieldError, deep_merge, parse_experiment,
+                                   read_yaml)
 from lab.experiment.simulation import simulate
 from lab.report.metrics import requests_frame
 
@@ -71,6 +73,9 @@ class SearchSpec(BaseModel):
     high: float = Field(gt=0)
     tolerance: float = Field(0.02, gt=0, lt=1, description="max_rate: final bracket width relative to its low end")
     slo: SearchSLO
+    require_stable_queue: bool = Field(True, description="a probe whose backlog (requests in the system) is still "
+                                       "growing at its last arrival misses (its load is not sustained, however "
+                                       "short the trace)")
     candidates: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -138,9 +143,10 @@ def _set(data: dict, dotted: str, value: Any) -> dict:
     return deep_merge(data, top)
 
 
-def meets(figures: dict, slo: SearchSLO) -> bool:
-    """Whether a probe's figures meet the SLO (every request finished, and the bounds by the SLO's rule)."""
-    if figures["num_unserved"]:
+def meets(figures: dict, slo: SearchSLO, require_stable_queue: bool = True) -> bool:
+    """Whether a probe's figures meet the SLO (every request finished, the queue not growing at the end of the
+    arrivals when ``require_stable_queue``, and the bounds by the SLO's rule)."""
+    if figures["num_unserved"] or (require_stable_queue and figures["queue_growing"]):
         return False
     if slo.attainment is not None:
         return figures["attainment"] >= slo.attainment
@@ -165,9 +171,40 @@ def probe_figures(exp: Experiment, slo: SearchSLO) -> dict:
         if bound is not None:
             ok &= col <= bound
     out["attainment"] = float(ok.sum()) / len(df) if len(df) else 0.0
+    out.update(queue_growth(df))
     span = float(fin["finish_time"].max() - df["arrival_time"].min()) if len(fin) else 0.0
     out["request_throughput"] = len(fin) / span if span > 0 else 0.0
     return out
+
+
+def queue_growth(df) -> dict:
+    """Whether the backlog still grows at the end of the arrivals: requests in the system (arrived, not finished)
+    at the last arrival, against the same count at the middle of the arrival window. A load above what the
+    deployment serves builds a backlog that grows in proportion to time (about twice the mid-window count at the
+    end), in the waiting queue or, while KV and ``max_num_seqs`` allow, in an ever larger running batch; a
+    sustained load keeps it near its Little's-law level, arrival rate x mean E2EL. Growing: more than max(10, 2 %
+    of the requests) in the system at the last arrival and more than 1.5 times the mid-window count. A short trace
+    can meet a latency SLO at a rate it cannot sustain; this flags it. It needs an arrival window of several mean
+    E2ELs (else a stable system is still filling up at mid-window and may be flagged).
+
+    Args:
+        df: requests table (``arrival_time``, ``finish_time`` in seconds; NaN = never finished).
+
+    Returns:
+        ``in_system_at_last_arrival``, ``in_system_at_mid_arrivals`` (requests) and ``queue_growing`` (bool).
+    """
+    if not len(df):
+        return {"in_system_at_last_arrival": 0, "in_system_at_mid_arrivals": 0, "queue_growing": False}
+    arrival = df["arrival_time"].to_numpy(dtype=float)
+    finish = df["finish_time"].to_numpy(dtype=float)
+    first, last = float(arrival.min()), float(arrival.max())
+
+    def in_system(t: float) -> int:
+        return int(((arrival <= t) & ~(finish <= t)).sum())  # NaN (never finished) counts as in the system
+
+    end, mid = in_system(last), in_system((first + last) / 2)
+    growing = end > max(10, 0.02 * len(df)) and end > 1.5 * mid
+    return {"in_system_at_last_arrival": end, "in_system_at_mid_arrivals": mid, "queue_growing": bool(growing)}
 
 
 def _bisect(ok: Callable[[float], bool], low: float, high: float, integer: bool, increasing_ok: bool,
@@ -224,7 +261,7 @@ def run_search(spec: SearchSpec, where: Path, data_dir: str | Path | None = None
             v = int(value) if integer else value
             exp = parse_experiment(_set(data, dotted, v), f"{where} [{name}: {dotted}={v}]", base_dir, data_dir)
             figures = probe_figures(exp, spec.slo)
-            probe = Probe(v, meets(figures, spec.slo), figures)
+            probe = Probe(v, meets(figures, spec.slo, spec.require_stable_queue), figures)
             result.probes.append(probe)
             if on_probe is not None:
                 on_probe(name, probe)
@@ -232,8 +269,10 @@ def run_search(spec: SearchSpec, where: Path, data_dir: str | Path | None = None
 
         try:
             value = _bisect(ok, spec.low, spec.high, integer, spec.find == "min_instances", spec.tolerance)
+        except UnknownFieldError:
+            raise  # a typo in the search file: the user's to fix, not a deployment that cannot run
         except ValueError as e:  # the candidate cannot be built (a model that does not fit, a bad layout)
-            result.error = str(e).splitlines()[0]
+            result.error = "; ".join(line.strip() for line in str(e).splitlines())
             results.append(result)
             continue
         result.value = None if value is None else (int(value) if integer else value)
@@ -269,7 +308,9 @@ def search_markdown(spec: SearchSpec, results: list[SearchResult]) -> str:
     for r in results:
         for p in r.probes:
             f = p.figures
+            growing = (f", backlog still growing ({f['in_system_at_mid_arrivals']} -> "
+                       f"{f['in_system_at_last_arrival']} requests in the system)") if f.get("queue_growing") else ""
             lines.append(f"- {r.candidate} {dotted}={p.value}: {'met' if p.ok else 'missed'}, "
                          f"{f['p_ttft'] * 1e3:.1f} / {f['p_tpot'] * 1e3:.2f} ms, attainment "
-                         f"{f['attainment'] * 100:.1f} %, {f['num_unserved']} unserved")
+                         f"{f['attainment'] * 100:.1f} %, {f['num_unserved']} unserved{growing}")
     return "\n".join(lines) + "\n"

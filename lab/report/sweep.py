@@ -39,7 +39,7 @@ from typing import Any, Callable, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lab.experiment.config import ConfigError, deep_merge, parse_experiment, read_yaml
+from lab.experiment.config import ConfigError, _format_errors, deep_merge, parse_experiment, read_yaml
 from lab.experiment.simulation import simulate
 from lab.report.compare import RUN_META, ComparisonSpec, Run, comparison_runs, config_hash, run_dir
 from lab.report.executors import Executor, PoolExecutor
@@ -89,7 +89,8 @@ class SweepSpec(BaseModel):
     @model_validator(mode="after")
     def _zip_lengths(self) -> "SweepSpec":
         if self.mode == "zip" and len({len(v) for v in self.axes.values()}) > 1:
-            raise ValueError("mode zip needs every axis to have as many values")
+            sizes = ", ".join(f"{k}: {len(v)}" for k, v in self.axes.items())
+            raise ValueError(f"mode zip needs every axis to have as many values, got {sizes}")
         return self
 
     def points(self) -> list[dict[str, Any]]:
@@ -120,8 +121,8 @@ def load_sweep(path: str | Path, data_dir: str | Path | None = None) -> tuple[Sw
     try:
         spec = SweepSpec.model_validate(raw or {})
     except ValidationError as e:
-        lines = [f"{p}: invalid sweep file"] + [f"  {'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()]
-        raise ConfigError("\n".join(lines)) from None
+        raise ConfigError(_format_errors(str(p), e, SweepSpec).replace("invalid experiment", "invalid sweep file")) \
+            from None
     if isinstance(spec.base, dict):
         base = dict(spec.base)
     else:
@@ -132,6 +133,7 @@ def load_sweep(path: str | Path, data_dir: str | Path | None = None) -> tuple[Sw
     seed = int(base.get("seed", 0))
     variants = {}
     for i, point in enumerate(spec.points()):
+        _check_point(p, i, point, base)
         for k in range(spec.replications):
             over: dict = {"seed": seed + k}
             for field, value in point.items():
@@ -142,6 +144,20 @@ def load_sweep(path: str | Path, data_dir: str | Path | None = None) -> tuple[Sw
                                          "groups": {"sweep": {"traces": ["base"], "variants": variants}}})
     dd = Path(data_dir).resolve() if data_dir is not None else None  # absolute: workers may run elsewhere
     return spec, cmp, comparison_runs(cmp, p, dd)
+
+
+def _check_point(path: Path, index: int, point: dict[str, Any], base: dict) -> None:
+    """Validate one point's axis values on the base experiment, so a bad axis is reported in the sweep's terms:
+    ``sweep.yaml [point 0: engine.max_num_seq=32]: engine.max_num_seq: unknown field; did you mean ...``.
+
+    Raises:
+        ConfigError: the point is not a valid experiment.
+    """
+    over: dict = {}
+    for field, value in point.items():
+        over = deep_merge(over, _nested(field, value))
+    where = ", ".join(f"{k}={v}" for k, v in point.items())
+    parse_experiment(deep_merge(base, over), f"{path} [point {index}: {where}]", path.resolve().parent)
 
 
 @dataclass(frozen=True)

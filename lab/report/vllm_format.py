@@ -56,9 +56,10 @@ def serving_result_block(result: dict, metrics: Sequence[str], percentiles: Sequ
     """
     lines = [_rule(" Serving Benchmark Result ", "="),
              _line("Successful requests:", result.get("completed")),
-             _line("Failed requests:", len(result.get("errors") or [])),
-             _line("Maximum request concurrency:", result.get("max_concurrency")),
-             _line("Benchmark duration (s):", result.get("duration")),
+             _line("Failed requests:", len(result.get("errors") or []))]
+    if result.get("max_concurrency") is not None:  # a closed loop; vLLM prints the line only then
+        lines.append(_line("Maximum request concurrency:", result.get("max_concurrency")))
+    lines += [_line("Benchmark duration (s):", result.get("duration")),
              _line("Total input tokens:", result.get("total_input_tokens")),
              _line("Total generated tokens:", result.get("total_output_tokens")),
              _line("Request throughput (req/s):", result.get("request_throughput"))]
