@@ -20,9 +20,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lab.core.request import RequestStatus
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
 from policies.common import (allocate_or_preempt, allocate_waiting, is_running, lookup, next_waiting,
                              resolve_victim_rule, take_waiting)
+
+_RUNNING = RequestStatus.RUNNING
 
 
 class SarathiScheduler(SchedulerBase):
@@ -55,18 +58,26 @@ class SarathiScheduler(SchedulerBase):
         out = SchedulerOutput()
         rule = resolve_victim_rule(engine)
         budget = self.options.chunk_size
-        snapshot = list(engine.running)
+        # Pass 1: decodes, never skipped for lack of budget. A status changes only by a preemption in this pass,
+        # after which each later request is checked again.
+        decodes = []
         prefills = []
-        # Pass 1: decodes, never skipped for lack of budget.
-        for r in snapshot:
-            if not is_running(r):
+        for r in engine.running:
+            if r.status is not _RUNNING:
                 continue
-            if r.num_tokens - r.num_computed_tokens != 1 or r.num_output_tokens == 0:
+            if r.num_output_tokens and r.prompt_len + r.num_output_tokens - r.num_computed_tokens == 1:
+                decodes.append(r)
+            else:
                 prefills.append(r)
-                continue
-            if kv.allocate_slots(r, 1):  # the common case, inline
-                out.add(r, 1)
-                budget -= 1
+        out_reqs = out.requests
+        out_news = out.num_new_tokens
+        ones = [1] * len(decodes)
+        done = kv.allocate_running(decodes, ones)  # the common case: every decode fits
+        out_reqs += decodes[:done] if done < len(decodes) else decodes
+        out_news += ones[:done] if done < len(decodes) else ones
+        budget -= done
+        for r in decodes[done:]:
+            if not is_running(r):
                 continue
             ok, refunded = allocate_or_preempt(engine, out, r, 1, rule)
             budget += refunded
@@ -99,9 +110,12 @@ class SarathiScheduler(SchedulerBase):
             n = min(remaining, budget)
             if not allocate_waiting(engine, r, n, hits, num_hit, num_reserved_tokens=remaining - n,
                                     reserved_blocks=watermark_blocks):
+                out.waiting_blocked = True  # by KV: it needs its whole prompt's blocks, whatever the budget
                 break
             take_waiting(engine, r)
             engine.admit(r, num_hit)
             out.add(r, n)
             budget -= n
+        else:
+            out.waiting_blocked = budget > 0  # stopped by max_num_seqs
         return out

@@ -53,7 +53,71 @@ class VLLMV1Scheduler(SchedulerBase):
         return out
 
     def schedule_running(self, engine: EngineView, out: SchedulerOutput, budget: int, threshold: int) -> int:
-        """Phase 1: running requests in admission order; returns the budget left."""
+        """Phase 1: running requests in admission order; returns the budget left.
+
+        Built in two moves that give the same schedule as one request at a time: the tokens of every request are
+        planned first, as if each allocation succeeds (a request's tokens depend only on its own state and the
+        budget), and allocated in one call (``kv.allocate_running``). Only when an allocation fails does the
+        scheduler go on request by request from there, preempting (:meth:`_schedule_running_from`)."""
+        running = list(engine.running)
+        reqs, news, drafts, left = self._plan_running(engine, running, budget, threshold)
+        done = engine.kv.allocate_running(reqs, news, engine.config.num_lookahead_tokens)
+        complete = done == len(reqs)
+        out.requests += reqs if complete else reqs[:done]
+        out.num_new_tokens += news if complete else news[:done]
+        for i in drafts:
+            if i < done:
+                schedule_drafts(out, reqs[i], news[i])
+        if complete:
+            return left
+        start = running.index(reqs[done])  # a Request compares by identity
+        return self._schedule_running_from(engine, out, running, start, budget - sum(news[:done]), threshold)
+
+    @staticmethod
+    def _plan_running(engine: EngineView, running: list, budget: int,
+                      threshold: int) -> tuple[list, list[int], list[int], int]:
+        """Phase 1's tokens if every allocation succeeds: (the requests scheduled, in ``running`` order, their
+        token counts, indices into those of the requests with drafts, the budget left). Changes nothing."""
+        max_model_len = engine.config.max_model_len
+        gate = engine.pipeline_async  # async PP (V2 runner): a decode waits for its eligible scheduler step
+        step_index = engine.num_scheduler_steps
+        reqs: list = []
+        news: list[int] = []
+        drafts: list[int] = []
+        add_req = reqs.append
+        add_new = news.append
+        for r in running:
+            if budget <= 0:
+                break
+            if r.status is not _RUNNING:
+                continue
+            p = r.num_output_placeholders
+            c = r.num_computed_tokens
+            if gate and r.next_decode_eligible_step > step_index:
+                continue
+            if p and c + 2 - p >= r.prompt_len + r.stop_at:
+                continue  # async: the step in flight samples its last token; do not schedule past it
+            k = r.num_spec_tokens
+            n = r.prompt_len + r.num_output_tokens + k + p - c
+            if 0 < threshold < n:
+                n = threshold
+            if n > budget:
+                n = budget
+            if c + n >= max_model_len:
+                n = max_model_len - 1 - c
+            if n <= 0:
+                continue
+            if k:
+                drafts.append(len(reqs))
+            add_req(r)
+            add_new(n)
+            budget -= n
+        return reqs, news, drafts, budget
+
+    def _schedule_running_from(self, engine: EngineView, out: SchedulerOutput, running: list, start: int,
+                               budget: int, threshold: int) -> int:
+        """Phase 1 from ``running[start]`` on, one request at a time (allocation with preemption); returns the
+        budget left."""
         cfg = engine.config
         kv = engine.kv
         max_model_len = cfg.max_model_len
@@ -62,9 +126,9 @@ class VLLMV1Scheduler(SchedulerBase):
         out_reqs = out.requests
         out_news = out.num_new_tokens
         rule = None
-        gate = engine.pipeline_async  # async PP (V2 runner): a decode waits for its eligible scheduler step
+        gate = engine.pipeline_async
         step_index = engine.num_scheduler_steps
-        for r in list(engine.running):
+        for r in running[start:]:
             if budget <= 0:
                 break
             if r.status is not _RUNNING:
@@ -112,6 +176,7 @@ class VLLMV1Scheduler(SchedulerBase):
         lookahead = cfg.num_lookahead_tokens
         while budget > 0:
             if len(running) >= cfg.max_num_seqs:
+                out.waiting_blocked = True
                 break
             r = next_waiting(engine)
             if r is None:
@@ -138,6 +203,7 @@ class VLLMV1Scheduler(SchedulerBase):
                 n += pad
             if not allocate_waiting(engine, r, n, hits, num_hit, num_lookahead_tokens=lookahead,
                                     full_sequence_must_fit=full_isl, reserved_blocks=reserve):
+                out.waiting_blocked = True  # by KV: it needs no fewer blocks while the batch only decodes
                 break
             take_waiting(engine, r)
             engine.admit(r, num_hit)

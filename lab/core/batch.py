@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import not_
 
 import numpy as np
+
+_ONE = 1
 
 
 @dataclass(slots=True)
@@ -37,9 +41,10 @@ class BatchShape:
         padded_tokens: when > num_tokens, the token count the dense layers (GEMMs, norms) run at because the step
             replays a CUDA graph captured for that batch size; 0 = no padding. Attention and the LM head see only the
             real requests.
-        group_tokens: in a lock-step group (attention DP with expert parallelism), the tokens of every rank this
-            step, rank order (empty otherwise); the MoE all-to-all moves the sum, and every rank's dense layers run
-            at the padded maximum.
+        group_tokens: in a lock-step group (attention DP with expert parallelism), every rank's token count this
+            step as the MoE collectives see it (vLLM's ``num_tokens_across_dp``: the group's padded maximum under
+            CUDA graphs, each rank's own count in eager mode, 1 for an idle rank's dummy batch), rank order; empty
+            otherwise. The operator cost model prices the routed experts and the EP dispatch/combine from it.
     """
 
     num_tokens: int = 0
@@ -68,17 +73,19 @@ class BatchShape:
         (optionally) scheduled draft tokens; a request with drafts is a verify query, whatever its count."""
         pn: list[int] = []
         pc: list[int] = []
-        dc: list[int] = []
+        dc: list[int]
         vn: list[int] = []
         vc: list[int] = []
         if spec_tokens is None:
-            for n, c in zip(new_tokens, computed_before):
-                if n > 1:
-                    pn.append(n)
-                    pc.append(c)
-                else:
-                    dc.append(c)
+            if new_tokens.count(1) == len(new_tokens):  # a pure decode step
+                dc = list(computed_before[:len(new_tokens)])
+            else:  # split in C: is_prefill[i] = new_tokens[i] > 1
+                is_prefill = list(map(_ONE.__lt__, new_tokens))
+                pn = list(compress(new_tokens, is_prefill))
+                pc = list(compress(computed_before, is_prefill))
+                dc = list(compress(computed_before, map(not_, is_prefill)))
         else:
+            dc = []
             for n, c, k in zip(new_tokens, computed_before, spec_tokens):
                 if k:
                     vn.append(n)

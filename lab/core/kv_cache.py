@@ -389,15 +389,19 @@ class KVCacheManager:
         total = num_computed + num_new_tokens + num_lookahead_tokens + num_reserved_tokens
         if total > self.max_model_len:
             total = self.max_model_len
-        held = len(blocks) + len(new_computed_blocks) if new_computed_blocks else len(blocks)
-        need = -(-total // bs) - held
         if not new_computed_blocks and not num_new_computed_tokens and not full_sequence_must_fit:
             # fast path for a running request (no prefix hits, no admission gate)
+            need = -(-total // bs) - len(blocks)
             if need > 0:
-                if need > len(pool.free_queue) - reserved_blocks:
+                if need > pool.free_queue.n - reserved_blocks:
                     return False
-                blocks.extend(pool.get_new_blocks(need))
+                if need == 1:
+                    blocks.append(pool.get_new_block())
+                else:
+                    blocks.extend(pool.get_new_blocks(need))
         else:
+            held = len(blocks) + len(new_computed_blocks) if new_computed_blocks else len(blocks)
+            need = -(-total // bs) - held
             hits = new_computed_blocks or ()
             if need < 0:
                 need = 0
@@ -425,6 +429,49 @@ class KVCacheManager:
             if num_full > request.num_cached_blocks:
                 self.register_full_blocks(request, num_full)
         return True
+
+    def allocate_running(self, requests: list[Request], num_new_tokens: list[int],
+                         num_lookahead_tokens: int = 0) -> int:
+        """:meth:`allocate_slots` ``(r, n, num_lookahead_tokens=num_lookahead_tokens)`` for each running request
+        ``r`` and its ``n`` of ``zip(requests, num_new_tokens)``, in order, stopping at the first that does not fit
+        (no prefix hits, reservation or watermark: a running request's own tokens).
+
+        The same allocations, in the same order, as that loop of calls, without a call per request: a request
+        whose tokens fit its last block needs no block, and one registers blocks only as its tokens fill them
+        (a decode: once every ``block_size`` steps).
+
+        Returns:
+            The index of the first request whose slots could not be allocated (nothing changed for it or after
+            it), or ``len(requests)`` when all got theirs.
+        """
+        bs = self.block_size
+        max_len = self.max_model_len
+        pool = self.pool
+        fq = pool.free_queue
+        caching = self.enable_prefix_caching
+        i = 0
+        for r, n in zip(requests, num_new_tokens):
+            blocks = r.blocks
+            end = r.num_computed_tokens + n
+            total = end + num_lookahead_tokens
+            if total > len(blocks) * bs:
+                if total > max_len:
+                    total = max_len
+                need = -(-total // bs) - len(blocks)
+                if need > 0:
+                    if need > fq.n:
+                        return i
+                    if need == 1:
+                        blocks.append(pool.get_new_block())
+                    else:
+                        blocks.extend(pool.get_new_blocks(need))
+            if caching and end // bs > r.num_cached_blocks:
+                ntok = r.prompt_len + r.num_output_tokens
+                num_full = (end if end < ntok else ntok) // bs
+                if num_full > r.num_cached_blocks:
+                    self.register_full_blocks(r, num_full)
+            i += 1
+        return i
 
     def register_full_blocks(self, request: Request, num_full: int) -> None:
         """Register the request's full blocks up to ``num_full`` (vLLM ``cache_full_blocks``). Content unique to

@@ -97,22 +97,25 @@ class StepOutputs:
                 outside [0, drafts].
         """
         start = step.start
-        for r, n in zip(step.requests, step.num_new_tokens):
-            r.inflight_tokens -= n
         if self.acceptance is not None:
+            for r, n in zip(step.requests, step.num_new_tokens):
+                r.inflight_tokens -= n
             return self._apply_with_drafts(step, now, step.num_spec_tokens)
         if step.num_spec_tokens is not None:
             raise ValueError("a step scheduled draft tokens but the instance has no draft acceptance model")
         itl = self.itl
         placeholders = self.async_placeholders
         finished = sampled = same_gap = 0  # same_gap: samples equal to this step's gap (previous token at its start)
-        for r, s in zip(step.requests, step.samples):
+        # One pass: a request's in-flight count drops as its output is applied (nothing reads another request's
+        # count meanwhile; releasing a finished request sets its own to 0).
+        for r, n, s in zip(step.requests, step.num_new_tokens, step.samples):
+            r.inflight_tokens -= n
             if not s or r.status is not _RUNNING:
                 continue  # a non-final prefill chunk, or a request preempted while the step was in flight
             if placeholders:
                 r.num_output_placeholders -= 1
             sampled += 1
-            r.num_output_tokens += 1
+            r.num_output_tokens = k = r.num_output_tokens + 1
             if r.first_token_time is None:
                 self._first_token(r, now)
             elif r.last_token_time == start:
@@ -120,7 +123,7 @@ class StepOutputs:
             else:
                 itl.add(now - r.last_token_time)
             r.last_token_time = now
-            if r.num_output_tokens >= r.stop_at:
+            if k >= r.stop_at:
                 release_request(r, now, self.kv, self.on_done, self.on_hand_off)
                 finished += 1
         if same_gap:
