@@ -329,7 +329,10 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
         err_console.print(f"running Vidur, then servelab on the same requests ({case.label}; {vidur_model}, "
                           f"TP{vidur_tp}) ...", highlight=False)
         try:
-            cmp = compare_with_vidur(str(vidur.resolve()), vidur_python, case,
+            import os
+
+            python = os.path.abspath(vidur_python) if os.sep in vidur_python else vidur_python  # Vidur runs in --vidur
+            cmp = compare_with_vidur(str(vidur.resolve()), python, case,
                                      str(PROJECT_ROOT / WORKLOADS["azure_conv"]), dd, over)
         except (FileNotFoundError, RuntimeError, UnlikeReference) as e:
             _fail(str(e))
