@@ -1,9 +1,10 @@
 """Scheduling policies, routers and their registry (docs/policies.md is the plug-in contract).
 
-A scheduler is a class with ``schedule(engine) -> SchedulerOutput`` (see lab/core/sched_api.py); a router is a class
-with ``route(request, instances, now) -> int``. Either may declare its options as a nested pydantic model
-``Options`` (validated from ``policy.options`` / ``cluster.router_options``; unknown keys are errors) and then
-takes the validated options as its one constructor argument; an ``Options`` field named ``seed`` left unset gets
+A scheduler is a subclass of ``SchedulerBase`` with ``schedule(engine) -> SchedulerOutput`` (see
+lab/core/sched_api.py); a router is a subclass of ``RouterBase`` with ``route(request, instances, now) -> int``.
+Either may declare its options as a nested pydantic model ``Options`` (validated from ``policy.options`` /
+``cluster.router_options``; unknown keys are errors) and then takes the validated options as its one constructor
+argument; an ``Options`` field named ``seed`` left unset gets
 the experiment's seed. Built-ins are registered by name below; a user's own class is loaded from a file with
 ``path/to/file.py:ClassName`` (relative to the experiment file).
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from lab.core.sched_api import Router, Scheduler, SchedulerBase
+from lab.core.sched_api import Router, RouterBase, Scheduler, SchedulerBase
 from policies.orca import OrcaScheduler
 from policies.routers import (LeastRequestsRouter, LeastTokensRouter, PowerOfTwoRouter, PrefixAwareRouter,
                               RoundRobinRouter, SessionAffinityRouter)
@@ -175,6 +176,9 @@ def _instantiate(cls: type, spec: str, options: dict | None, seed: int | None, f
         raise PolicyError(f"{field}: {spec} must subclass lab.core.sched_api.SchedulerBase (it declares the "
                           "capabilities the engine reads: supports_async, supports_fast_forward, "
                           "supports_pipelining, make_queue)")
+    if method == "route" and not isinstance(obj, RouterBase):
+        raise PolicyError(f"{field}: {spec} must subclass lab.core.sched_api.RouterBase (it declares the "
+                          "capability the simulation reads: routes_by_arrival_order)")
     return obj
 
 

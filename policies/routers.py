@@ -19,6 +19,10 @@ deterministic.
   ``prefix_blocks`` prefix blocks (Mooncake ``hash_ids``, or 16-token groups of the token ids; the default 2
   skips the system prompt every Mooncake request shares in ``hash_ids[0]``); a request shorter than that has
   no session and goes to the least loaded instance.
+
+Only ``round_robin`` declares ``routes_by_arrival_order`` (lab/core/sched_api.py ``RouterBase``): every other
+router reads instance state (session affinity too, for each session's first request and for requests without a
+session), so its choice is known only at the arrival.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lab.core.request import Request
-from lab.core.sched_api import InstanceView
+from lab.core.sched_api import InstanceView, RouterBase
 
 
 def _outstanding_requests(inst: InstanceView) -> int:
@@ -44,10 +48,11 @@ def _argmin(values: list) -> int:
     return best
 
 
-class RoundRobinRouter:
+class RoundRobinRouter(RouterBase):
     """Round robin: instance i, i+1, ... in arrival order, regardless of load."""
 
     name = "round_robin"
+    routes_by_arrival_order = True  # the k-th arrival goes to instance k mod N, whatever the instances hold
 
     def __init__(self) -> None:
         self._next = 0
@@ -58,7 +63,7 @@ class RoundRobinRouter:
         return i
 
 
-class LeastRequestsRouter:
+class LeastRequestsRouter(RouterBase):
     """Least outstanding requests: the instance with the fewest running + waiting requests."""
 
     name = "least_requests"
@@ -67,7 +72,7 @@ class LeastRequestsRouter:
         return _argmin([_outstanding_requests(x) for x in instances])
 
 
-class LeastTokensRouter:
+class LeastTokensRouter(RouterBase):
     """Least outstanding tokens: the instance with the fewest tokens still to compute or generate."""
 
     name = "least_tokens"
@@ -76,7 +81,7 @@ class LeastTokensRouter:
         return _argmin([x.num_outstanding_tokens for x in instances])
 
 
-class PowerOfTwoRouter:
+class PowerOfTwoRouter(RouterBase):
     """Power of two choices: draw two instances at random (seeded), send to the less loaded one."""
 
     name = "power_of_two"
@@ -102,7 +107,7 @@ class PowerOfTwoRouter:
         return b if lb < la else a
 
 
-class PrefixAwareRouter:
+class PrefixAwareRouter(RouterBase):
     """Prefix-cache-aware (llm-d KV-aware scoring): longest cached prefix, balanced against queue and KV load."""
 
     name = "prefix_aware"
@@ -142,7 +147,7 @@ class PrefixAwareRouter:
         return best
 
 
-class SessionAffinityRouter:
+class SessionAffinityRouter(RouterBase):
     """Session affinity: every request of a session goes where its first request went (least loaded then)."""
 
     name = "session_affinity"

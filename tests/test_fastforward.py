@@ -12,10 +12,11 @@ from lab.costmodel.base import CostModelBase
 from lab.report.metrics import requests_frame
 from lab.report.run_report import steps_frame
 from lab.core.request import Request
+from lab.core.sched_api import RouterBase
 from lab.experiment.simulation import simulate
 
 
-class LeastRunningRouter:
+class LeastRunningRouter(RouterBase):
     """Test router that reads instance state at every arrival (so a jump must be materialised first)."""
 
     def route(self, request, instances, now):
@@ -41,6 +42,9 @@ def experiment(ff: bool, **over) -> object:
     data = {"name": "ff", "engine": eng, "policy": policy, "model": {"name": "Llama-3.1-8B"}, "hardware": hardware,
             "cluster": {"num_instances": over.pop("instances", 1), "router": over.pop("router", "round_robin")},
             "simulation": {"fast_forward": ff, "progress": False, "horizon_s": over.pop("horizon", None)}}
+    for section in ("pools", "deployment"):
+        if section in over:
+            data[section] = over.pop(section)
     assert not over, over
     return parse_experiment(data)
 
@@ -90,11 +94,77 @@ def test_fast_forward_equals_step_by_step(spec, version, blocks, seqs, caching, 
                 preemption=preemption, pp=pp)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=request_spec, version=st.sampled_from(["0.33", "0.11"]),
-       router=st.sampled_from(["round_robin", "test_least_running"]), horizon=st.sampled_from([None, 1.7]))
-def test_fast_forward_equals_step_by_step_in_a_cluster_and_at_a_horizon(spec, version, router, horizon):
-    assert_same(spec, version=version, instances=3, router=router, horizon=horizon, blocks=150)
+       router=st.sampled_from(["round_robin", "round_robin", "test_least_running"]),
+       horizon=st.sampled_from([None, 1.7]), instances=st.sampled_from([2, 3, 4]),
+       blocks=st.sampled_from([60, 150]), preemption=st.sampled_from(["recompute", "swap"]))
+def test_fast_forward_equals_step_by_step_in_a_cluster_and_at_a_horizon(spec, version, router, horizon, instances,
+                                                                        blocks, preemption):
+    # round robin routes the stream before the run (exact per-instance arrival hints); the test router reads state
+    # at each arrival. Sync (0.11) and async (0.33); 60 blocks preempt
+    assert_same(spec, version=version, instances=instances, router=router, horizon=horizon, blocks=blocks,
+                preemption=preemption)
+
+
+TWO_ENTRY_POOLS = [{"name": "a", "num_instances": 2}, {"name": "b", "num_instances": 1, "engine": {"max_num_seqs": 4}}]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=request_spec, version=st.sampled_from(["0.33", "0.11"]))
+def test_fast_forward_equals_step_by_step_with_two_entry_pools_behind_round_robin(spec, version):
+    # the stream is routed before the run over both pools' three instances, each with its exact next arrival
+    assert_same(spec, version=version, blocks=150, pools=TWO_ENTRY_POOLS)
+
+
+def _jump_counts(res) -> list[tuple[int, int, int]]:
+    return [(i.num_jumps, i.jumped_steps, len(i.steps)) for i in res.instances]
+
+
+@pytest.mark.parametrize("version", ["0.33", "0.11"])
+def test_round_robin_jumps_are_not_cut_by_arrivals_routed_elsewhere(version):
+    # 4 instances behind round robin jump exactly as 4 lone instances given each one's own stream: each knows its
+    # own next arrival, so another instance's arrival never ends (or shortens) its jump
+    spec = [(0.013 * (1 + i % 5), 40 + 37 * i % 260, 30 + 53 * i % 150, None) for i in range(48)]
+    reqs = build(spec)
+    routed = simulate(experiment(True, instances=4, version=version), build(spec))
+    alone = []
+    for k in range(4):
+        mine = [Request(r.index, r.arrival_time, r.prompt_len, r.max_tokens) for r in reqs[k::4]]
+        alone.append(simulate(experiment(True, version=version), mine))
+    assert _jump_counts(routed) == [_jump_counts(a)[0] for a in alone]
+    assert sum(n for n, _, _ in _jump_counts(routed)) > 20
+    frame = requests_frame(routed.requests).set_index("request_id").drop(columns=["instance", "served_by"])
+    for a in alone:
+        mine = requests_frame(a.requests).set_index("request_id").drop(columns=["instance", "served_by"])
+        pd.testing.assert_frame_equal(frame.loc[mine.index], mine, check_exact=True)
+
+
+def test_a_router_that_declares_arrival_order_routing_but_reads_state_is_stopped(monkeypatch):
+    from lab.cluster.cluster import RouterError
+
+    class Liar(LeastRunningRouter):
+        routes_by_arrival_order = True
+
+    monkeypatch.setitem(policies._ROUTERS, "liar", Liar)
+    with pytest.raises(RouterError, match="router Liar declares routes_by_arrival_order but read the instance's "
+                                          "'running'"):
+        simulate(experiment(True, instances=2, router="liar"), build([(0.01, 10, 5, None)] * 3))
+
+
+def test_only_routers_that_ignore_instance_state_declare_arrival_order_routing():
+    declared = {n for n in policies.router_names() if policies.router_class(n).routes_by_arrival_order}
+    assert declared == {"round_robin"}
+
+
+def test_a_user_router_must_subclass_router_base(monkeypatch):
+    class Plain:
+        def route(self, request, instances, now):
+            return 0
+
+    monkeypatch.setitem(policies._ROUTERS, "plain", Plain)
+    with pytest.raises(policies.PolicyError, match="cluster.router: plain must subclass lab.core.sched_api.RouterBase"):
+        policies.make_router("plain")
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -157,3 +227,35 @@ def test_fast_forward_with_a_cost_model_without_vectorised_decode_times(monkeypa
     monkeypatch.setattr(sim, "build_cost_model", lambda exp, m, h: NoVectorCost())
     spec = [(0.01, 50, 200, None), (0.05, 600, 100, 1), (0.2, 40, 150, 1), (0.01, 30, 90, None)]
     assert_same(spec, seqs=3)
+
+
+overload_spec = st.lists(
+    st.tuples(st.floats(0.0005, 0.03), st.integers(1, 300), st.integers(1, 160),
+              st.one_of(st.none(), st.integers(1, 3))),
+    min_size=10, max_size=45)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=overload_spec, sched=st.sampled_from(["vllm_v1/0.33", "vllm_v1/0.11", "sarathi/0.11"]),
+       blocks=st.sampled_from([20, 40, 60, 120]), seqs=st.sampled_from([3, 8, 16]), caching=st.booleans(),
+       cpu=st.sampled_from([0.0, 0.002]), preemption=st.sampled_from(["recompute", "swap"]),
+       chunk=st.sampled_from([16, 64, 512]), horizon=st.sampled_from([None, None, 0.8]))
+def test_fast_forward_equals_step_by_step_when_overloaded(spec, sched, blocks, seqs, caching, cpu, preemption, chunk,
+                                                          horizon):
+    # Arrivals faster than service and a small cache: a queue blocked by KV or max_num_seqs, jumps that start
+    # right after an admitting step (SchedulerOutput.waiting_blocked) and arrivals queued behind the blocked head
+    # during a jump (fastforward.absorb_arrival); 20 blocks (320 tokens) reject the longest requests at arrival
+    name, version = sched.split("/")
+    assert_same(spec, scheduler=name, options={"chunk_size": chunk} if name == "sarathi" else {}, version=version,
+                blocks=blocks, seqs=seqs, caching=caching, cpu=cpu, preemption=preemption, horizon=horizon)
+
+
+@pytest.mark.parametrize("scheduler,version", [("vllm_v1", "0.33"), ("vllm_v1", "0.11"), ("sarathi", "0.11")])
+def test_fast_forward_goes_on_through_arrivals_behind_a_blocked_head(scheduler, version):
+    # 40 requests in 0.2 s on a 4-sequence batch: the queue stays blocked by max_num_seqs; arrivals join it during
+    # jumps, and jumps start right after the step that admitted a request and ran its whole prompt
+    spec = [(0.005, 40 + 7 * i, 60 + (13 * i) % 50, None) for i in range(40)]
+    res = assert_same(spec, scheduler=scheduler, version=version, seqs=4, blocks=400)
+    inst = res.instances[0]
+    assert inst.num_absorbed_arrivals > 10
+    assert inst.jumped_steps > 0.92 * len(inst.steps)  # 0.88-0.89 when every arrival ends a jump

@@ -39,6 +39,23 @@ def _checked(router: Router, index: object, num_instances: int) -> int:
     return i
 
 
+class _FixedView:
+    """What a router that routes by arrival order (``RouterBase.routes_by_arrival_order``) sees of an instance when
+    the arrival stream is routed ahead of the run: its fixed ``instance_id`` and ``pool``; reading its state raises
+    :class:`RouterError` (that state is not known before the run)."""
+
+    __slots__ = ("instance_id", "pool", "_router")
+
+    def __init__(self, inst: Instance, router: Router) -> None:
+        self.instance_id = inst.instance_id
+        self.pool = inst.pool
+        self._router = router
+
+    def __getattr__(self, name: str):
+        raise RouterError(f"router {type(self._router).__name__} declares routes_by_arrival_order but read the "
+                          f"instance's {name!r}; a router that reads instance state must leave it False")
+
+
 @dataclass(frozen=True)
 class HandOff:
     """Where a pool's requests go next.
@@ -102,6 +119,9 @@ class Cluster:
             raise ValueError(f"every pool is a hand-off target, so no pool takes arrivals (hand-offs: {cycle})")
         self.entry_instances = [i for p in self.entry for i in p.instances]
         self.entry_views = [v for p in self.entry for v in p.views]
+        self._routed: list[int] | None = None  # route_ahead's choices, taken in order by arrive()
+        self._routed_requests: list[Request] = []
+        self._num_arrived = 0
         self.num_hand_offs = 0
         self.by_id = {i.instance_id: i for p in pools for i in p.instances}
         self.links: dict[int, Link] = {}
@@ -120,11 +140,54 @@ class Cluster:
         """Every instance, pool by pool."""
         return [i for p in self.pools.values() for i in p.instances]
 
+    def route_ahead(self, requests: list[Request]) -> list[int] | None:
+        """Route a whole arrival stream before the run, when the entry router's choice depends only on the arrival
+        order (``RouterBase.routes_by_arrival_order``) or there is one entry instance (no choice).
+
+        The router's ``route`` is called once per request, in list order, with ``now`` = the request's
+        ``arrival_time`` and :class:`_FixedView` instances; :meth:`arrive` then delivers each request where it was
+        routed. The caller guarantees that ``arrive`` gets exactly these requests, in this order (an open-loop
+        stream without front-end delay); a request past a horizon may never arrive.
+
+        Args:
+            requests: the arrival stream, in the order ``arrive`` will get it.
+
+        Returns:
+            per request, the index in ``entry_instances`` of its instance; None when the router reads state (the
+            requests are then routed at their arrivals, as without this call).
+
+        Raises:
+            RouterError: the router returned no valid index, or read instance state.
+        """
+        n = len(self.entry_instances)
+        if n == 1:
+            return [0] * len(requests)
+        router = self.entry[0].router
+        if not router.routes_by_arrival_order:
+            return None
+        views = [_FixedView(i, router) for i in self.entry_instances]
+        routed = [_checked(router, router.route(r, views, r.arrival_time), n) for r in requests]
+        self._routed, self._routed_requests, self._num_arrived = routed, requests, 0
+        return routed
+
     def arrive(self, request: Request) -> None:
-        """Route an arriving request to an instance of an entry pool."""
+        """Route an arriving request to an instance of an entry pool (where :meth:`route_ahead` sent it, if it
+        was called).
+
+        Raises:
+            RouterError: the router returned no valid index.
+            RuntimeError: ``route_ahead`` was called and requests arrive in another order than it was given.
+        """
         entry = self.entry
         if len(entry) == 1 and len(entry[0].instances) == 1:
             inst = entry[0].instances[0]
+        elif self._routed is not None:
+            k = self._num_arrived
+            if k >= len(self._routed) or self._routed_requests[k] is not request:
+                raise RuntimeError(f"request {request.request_id} arrives out of the order it was routed in "
+                                   f"(Cluster.route_ahead)")
+            self._num_arrived = k + 1
+            inst = self.entry_instances[self._routed[k]]
         else:
             idx = _checked(entry[0].router, entry[0].router.route(request, self.entry_views, self.env.now),
                            len(self.entry_instances))

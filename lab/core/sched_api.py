@@ -80,6 +80,12 @@ class SchedulerOutput:
             nothing speculates. Under async scheduling the drafts are placeholders; the engine sets them.
         padded_drafts: requests whose drafts are placeholders that can never be accepted (vLLM 0.33's padding of
             newly admitted one-token requests to 1 + k); they are in ``num_spec_tokens`` too.
+        waiting_blocked: admission stopped at a waiting request it could not take because of KV (its allocation
+            failed) or ``max_num_seqs``, not the token budget. A policy that supports fast-forward sets it so that
+            a step which admitted requests, or finished a prompt, may start a fast-forward jump right after it:
+            the same request then stays blocked while the batch only decodes (free blocks only shrink, a pure
+            decode step leaves more budget, ``len(running)`` does not drop) until a completion
+            (lab/engine/fastforward.py).
     """
 
     requests: list[Request] = field(default_factory=list)
@@ -87,6 +93,7 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     num_spec_tokens: dict[Request, int] = field(default_factory=dict)
     padded_drafts: set[Request] = field(default_factory=set)
+    waiting_blocked: bool = False
 
     def add(self, request: Request, n: int) -> None:
         self.requests.append(request)
@@ -127,13 +134,16 @@ def contract_violation(out: SchedulerOutput, config: SchedulerConfig, num_runnin
     if min(news) < 1:
         i = news.index(min(news))
         return f"request {reqs[i].request_id} scheduled with {news[i]} tokens (expected >= 1)"
-    if len(set(map(id, reqs))) != len(reqs):
+    if len(set(reqs)) != len(reqs):  # a Request hashes and compares by identity
         return "a request is scheduled twice in one step"
-    total = sum(news)
-    if max_step_tokens is not None and total > max_step_tokens:
-        return f"{total} tokens scheduled, over the step budget ({max_step_tokens})"
+    if max_step_tokens is not None:
+        total = sum(news)
+        if total > max_step_tokens:
+            return f"{total} tokens scheduled, over the step budget ({max_step_tokens})"
     if num_running > config.max_num_seqs:
         return f"{num_running} requests running, over max_num_seqs ({config.max_num_seqs})"
+    if not (out.num_spec_tokens or out.padded_drafts):
+        return ""
     if config.num_speculative_tokens == 0 and out.num_spec_tokens:
         return "drafts scheduled but speculative decoding is off"
     for r in out.padded_drafts:
@@ -230,7 +240,8 @@ class SchedulerBase:
     - ``supports_async``: the policy schedules correctly with a step in flight (it counts output placeholders,
       ``num_output_placeholders``, as tokens to compute), so async scheduling may overlap its CPU work.
     - ``supports_fast_forward``: the policy keeps no state between steps that would change a steady decode batch's
-      schedule, so the engine may advance decode stretches in one jump (lab/engine/fastforward.py).
+      schedule, so the engine may advance decode stretches in one jump (lab/engine/fastforward.py). Such a policy
+      may set ``SchedulerOutput.waiting_blocked`` (a jump may then start right after a step that admitted).
     - ``supports_pipelining``: the policy skips a request with nothing left to compute (n <= 0: a decode whose
       step is in flight) and, under async PP, one before its ``next_decode_eligible_step``, so several
       micro-batches may be in flight (pipeline parallelism). Without it a PP instance runs one micro-batch at a
@@ -286,8 +297,33 @@ class InstanceView(Protocol):
 
 @runtime_checkable
 class Router(Protocol):
-    """A global scheduler: picks the instance for each arriving request."""
+    """A global scheduler: picks the instance for each arriving request (see :class:`RouterBase`, which every
+    router subclasses, for the capabilities the simulation reads)."""
+
+    routes_by_arrival_order: bool
 
     def route(self, request: Request, instances: "list[InstanceView]", now: float) -> int:
         """Return the index in ``instances`` of the instance that gets ``request``."""
         ...
+
+
+class RouterBase:
+    """Base class of every router: it declares the capabilities the simulation reads, with safe defaults.
+
+    Override in a subclass:
+
+    - :meth:`route` (required): the index of the instance that gets the request.
+    - ``routes_by_arrival_order``: the choice depends only on the request, its place in the arrival order and the
+      number of instances, never on instance state (running, waiting, KV, outstanding tokens) nor on ``now``
+      (round robin). An open-loop run then routes its whole arrival stream before it starts, calling
+      :meth:`route` once per request in arrival order as it would at each arrival, so every instance knows its
+      own next arrival exactly and its fast-forward jumps end there (lab/experiment/simulation.py). The
+      instances shown then expose only ``instance_id`` and ``pool``; reading anything else raises
+      ``lab.cluster.cluster.RouterError``. Leave it False for a router that reads load or cache state.
+    """
+
+    name = "router"
+    routes_by_arrival_order = False
+
+    def route(self, request: Request, instances: "list[InstanceView]", now: float) -> int:  # pragma: no cover
+        raise NotImplementedError

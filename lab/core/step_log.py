@@ -182,8 +182,10 @@ class StepLog:
                                      preempted, output, transfer_s, slot, stage_s)):
             c.append(v)
 
-    def extend(self, start: list, duration: list, batch: list, used: list, running: int, waiting: int) -> None:
-        """Append pure-decode rows (fast-forward): ``batch[i]`` requests each computing and sampling one token."""
+    def extend(self, start: list, duration: list, batch: list, used: list, running: int,
+               waiting: int | list[int]) -> None:
+        """Append pure-decode rows (fast-forward): ``batch[i]`` requests each computing and sampling one token;
+        ``waiting``: one count for every row, or one per row."""
         if self.bounded:
             self.maybe_spill()
         n = len(start)
@@ -198,7 +200,7 @@ class StepLog:
         c_batch.extend(batch)
         c_used.extend(used)
         c_run.extend([running] * n)
-        c_wait.extend([waiting] * n)
+        c_wait.extend([waiting] * n if isinstance(waiting, int) else waiting)
         c_pree.extend(zeros)
         c_out.extend(batch)
         c_xfer.extend(zeros)

@@ -14,6 +14,18 @@ A jump stops before the first schedule whose new blocks could exceed the free bl
 the jump are not counted, which only makes this bound safe), at the horizon, and, when requests are waiting, right
 after the first completion (a freed slot or blocks may admit one). An arrival during a jump materialises the steps
 completed by then and the step under way continues normally. ``simulation.fast_forward: false`` turns it off.
+
+The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds two cases, both exact:
+
+- The schedule that shows the queue blocked may be one that admitted requests or finished a prompt, when the
+  policy reports that admission stopped at a request it could not take for KV or ``max_num_seqs``
+  (``SchedulerOutput.waiting_blocked``) and every request samples: the next schedule then only decodes, with
+  more budget, no more free blocks and no fewer running requests, so that request stays blocked until a
+  completion (``Instance._shows_steady``).
+- An arrival queued behind that blocked head changes no schedule of the jump (only the head is tried), so the
+  jump goes on and counts it in the waiting column of the steps ending after it (:func:`absorb_arrival`); an
+  arrival that becomes the head, or a queue whose order may change before the jump ends, materialises as before.
+  With requests waiting, plans are therefore not cut at the expected next arrival.
 """
 
 from __future__ import annotations
@@ -43,7 +55,7 @@ class Plan:
 
     __slots__ = ("reqs", "rem", "computed0", "outputs0", "num_schedules", "dts", "ends", "events", "start", "first",
                  "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "used", "finish_at", "sizes",
-                 "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list")
+                 "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list", "arrivals")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -52,6 +64,7 @@ class Plan:
         self._ev_pos = 0
         self._counts = None
         self.deferred_arrivals = 0  # arrivals during the last planned step (they do not interrupt the jump)
+        self.arrivals: list[float] = []  # times of earlier arrivals that left the blocked waiting head in place
 
 
 def steady_batch(inst) -> bool:
@@ -127,7 +140,9 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
     # participants of schedule j are a suffix: counts, Σ contexts and the context range follow from suffix sums.
     opt = inst.options
     sizes = opt.cudagraph_sizes
-    hint = inst.arrival_hint()
+    # With requests waiting behind a blocked head, an arrival that leaves the head in place does not end the jump
+    # (absorb_arrival), so the expected arrival does not size the plan.
+    hint = inst.arrival_hint() if not waiting else float("inf")
     order = sorted(range(len(rem)), key=rem.__getitem__)
     by_rem = [computed0[i] for i in order]
     n = len(order)
@@ -385,6 +400,7 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     steps = inst.steps
     iid = inst.instance_id
     nw = plan.num_waiting
+    arrivals = plan.arrivals
     q = q0
     if async_ and q == 0:
         first = plan.first
@@ -401,8 +417,8 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
                         r.events.append((end, "first_token"))
         _finishes(inst, plan, 0, n_sched)
         steps.append(plan.start, first.dt, sh.num_tokens, sh.num_tokens - sh.num_decodes, sh.num_decodes,
-                     sh.num_seqs, first.used_blocks, len(inst.running), nw, first.num_preempted, B, first.transfer_s,
-                     first.busy_s)
+                     sh.num_seqs, first.used_blocks, len(inst.running), nw + bisect_left(arrivals, end),
+                     first.num_preempted, B, first.transfer_s, first.busy_s)
         inst.busy_time += first.dt
         q = 1
     if q >= q1:
@@ -419,7 +435,8 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         us = plan.used[q - off:qb - off]
         inst.itl.extend_pairs([a - b for a, b in zip(e, st)], bs_)
         n = qb - q
-        steps.extend(st, ds, bs_, us, len(inst.running), nw)
+        steps.extend(st, ds, bs_, us, len(inst.running),
+                     [nw + bisect_left(arrivals, t) for t in e] if arrivals else nw)
         busy = inst.busy_time
         for d in ds:
             busy += d
@@ -434,7 +451,7 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         _finishes(inst, plan, q, n_sched)
         u = plan.used[j]
         d = float(plan.dts[j])
-        steps.append(start, d, B, 0, B, B, u, len(inst.running), nw, 0, B, 0.0, d)
+        steps.append(start, d, B, 0, B, B, u, len(inst.running), nw + bisect_left(arrivals, end), 0, B, 0.0, d)
         inst.busy_time += d
 
 
@@ -456,6 +473,24 @@ def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
     inst.running = [r for r in inst.running if r.status == RequestStatus.RUNNING]
     if plan.num_waiting:
         inst.steady = False
+
+
+def absorb_arrival(plan: Plan, t: float, stable_until: float) -> bool:
+    """Count an arrival at ``t`` that joined the waiting queue behind its blocked head without ending the jump;
+    False when the jump must be materialised instead (the queue's order may change before the jump ends).
+
+    While requests wait behind a head the last real schedule showed blocked, the schedules of the jump try only
+    that head (vLLM and Sarathi stop admitting at the first request that does not fit), so a request queued
+    behind it changes nothing but the waiting count of the steps that end after ``t`` — what materialising at
+    ``t`` would record (steps ending by ``t`` are done then). An arrival during the last planned step is counted
+    in that step's row, as :meth:`lab.engine.instance.Instance._before_arrival` does."""
+    if not plan.num_waiting or plan.ends_list[-1] >= stable_until:
+        return False
+    if t > (plan.start if plan.num_schedules == 1 else plan.ends_list[plan.num_schedules - 2]):
+        plan.deferred_arrivals += 1
+    else:
+        plan.arrivals.append(t)
+    return True
 
 
 def progress_at(plan: Plan, t: float) -> tuple[int, int, int]:

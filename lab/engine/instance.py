@@ -176,6 +176,7 @@ class Instance:
         self._gap_ema = 0.0
         self.num_jumps = 0
         self.jumped_steps = 0
+        self.num_absorbed_arrivals = 0  # arrivals queued behind a blocked head during a jump, which went on
         self._ff = (opt.fast_forward and not opt.record_breakdown and scheduler.supports_fast_forward
                     and pp == 1 and start and acceptance is None)  # drafts are drawn step by step
         self.process = env.process(self._loop()) if start else None
@@ -296,7 +297,8 @@ class Instance:
     # ---- arrivals and hand-offs ----
     def add_request(self, request: Request) -> None:
         """Accept an arriving request, or reject it with a reason if it can never be served."""
-        self._before_arrival()
+        head = self._blocked_head()
+        deferred = head is None and self._before_arrival()
         if self.finish_triggers_arrival and not self.window.steps and request.arrival_time > self.clock:
             # closed loop: an idle instance starts at the send's exact time, not SimPy's clock (one ulp off)
             self.clock = request.arrival_time
@@ -311,22 +313,28 @@ class Instance:
             request.events = [(self.now, "arrived")]
         reason = self.rejection_reason(request)
         if reason:
+            if deferred:  # a rejected request never waits: the jump's last row does not count it
+                self._plan.deferred_arrivals -= 1
             self._reject(request, reason)
             return
         request.status = RequestStatus.WAITING
         self.waiting.add(request)
+        if head is not None:
+            self._queued_behind(head)
         self.wake()
 
     def receive(self, request: Request) -> None:
         """Take over a request handed on from another instance with its computed state: it keeps its tokens,
         timings and ``num_computed_tokens`` (its KV arrived with it) and waits here like a swapped-in request."""
-        self._before_arrival()
+        deferred = self._before_arrival()
         source = request.pool
         request.instance_id = self.instance_id
         request.pool = self.pool
         request.served_by.append(self.instance_id)
         reason = self.rejection_reason(request)
         if reason:
+            if deferred:
+                self._plan.deferred_arrivals -= 1
             self._reject(request, reason)
             return
         request.status = RequestStatus.WAITING
@@ -414,16 +422,41 @@ class Instance:
         if ev is not None and not ev.triggered:
             ev.succeed()
 
-    def _before_arrival(self) -> None:
+    def _before_arrival(self) -> bool:
+        """Bring a jump under way up to date for an arrival; True when the arrival falls in the jump's last step
+        and is counted there instead."""
         p = self._plan
+        self.steady = False
         if p is not None:
             if self.env.now > (p.start if p.num_schedules == 1 else p.ends_list[p.num_schedules - 2]):
                 # It arrives during the jump's last step, whose schedule is already made: nothing before the jump
                 # ends can see it, so the jump runs to its end (the step records count it as waiting).
                 p.deferred_arrivals += 1
-            else:
-                self.materialize()
-        self.steady = False
+                return True
+            self.materialize()
+        return False
+
+    def _blocked_head(self) -> Request | None:
+        """The waiting head the last schedule showed blocked (fast-forward steady state with requests waiting), or
+        None. An arrival queued behind it changes no schedule until the next completion, so it need not end a jump
+        nor make the next step a real one (:meth:`_queued_behind`)."""
+        if self._ff and self.steady and self.waiting:
+            return self.waiting.peek()
+        return None
+
+    def _queued_behind(self, head: Request) -> None:
+        """An arrival joined the queue while ``head`` was blocked: if the head is still the same (and the queue's
+        order stays put until the jump under way ends), count it in the jump (lab/engine/fastforward.py
+        ``absorb_arrival``) and stay steady; otherwise bring the jump up to date as for any arrival."""
+        waiting = self.waiting
+        if waiting.peek() is head:
+            p = self._plan
+            if p is None:
+                return
+            if ff.absorb_arrival(p, self.env.now, waiting.order_stable_until()):
+                self.num_absorbed_arrivals += 1
+                return
+        self._before_arrival()
 
     def rejection_reason(self, request: Request) -> str:
         """Why this request can never be served here ('' if it can)."""
@@ -536,11 +569,10 @@ class Instance:
             self._contract_error(err)
         now = self.now
         news = out.num_new_tokens
-        if self._ff:
-            self.steady = (not out.preempted and not self._admitted and len(reqs) == len(self.running)
-                           and reqs == self.running and news.count(1) == len(news))
         spec = [out.num_spec_tokens.get(r, 0) for r in reqs] if out.num_spec_tokens else None
         before, samples = self._advance(reqs, news, spec, now)
+        if self._ff:
+            self.steady = self._shows_steady(out, reqs, news, samples)
         shape = BatchShape.from_requests(news, before, spec)
         pool = self.kv.pool
         used = pool.num_gpu_blocks - 1 - len(pool.free_queue)
@@ -568,13 +600,15 @@ class Instance:
                  now: float) -> tuple[list[int], list[bool]]:
         """C += n for every scheduled request (after checking it runs and holds KV for its tokens); returns the
         tokens each had computed before and whether each samples at the end of the step."""
+        placeholders = self.async_scheduling
+        bs = self.kv.block_size
+        propose = self.acceptance.propose if placeholders and self.acceptance is not None else None
+        if spec is None and propose is None:
+            return self._advance_plain(reqs, news, now, bs, placeholders)
         before = []
         samples = []
         add_before = before.append
         add_sample = samples.append
-        placeholders = self.async_scheduling
-        propose = self.acceptance.propose if placeholders and self.acceptance is not None else None
-        bs = self.kv.block_size
         for r, n, k in zip(reqs, news, spec if spec is not None else repeat(0)):
             c = r.num_computed_tokens
             if r.status is not _RUNNING or len(r.blocks) * bs < c + n:
@@ -594,6 +628,40 @@ class Instance:
             if r.first_scheduled_time is None:
                 r.first_scheduled_time = now
         return before, samples
+
+    def _advance_plain(self, reqs: list[Request], news: list[int], now: float, bs: int,
+                       placeholders: bool) -> tuple[list[int], list[bool]]:
+        """:meth:`_advance` for a step without drafts (k = 0) and no drafts to propose: the common case."""
+        before = [r.num_computed_tokens for r in reqs]
+        samples = []
+        add_sample = samples.append
+        for r, n, c in zip(reqs, news, before):
+            c += n
+            if r.status is not _RUNNING or len(r.blocks) * bs < c:
+                self._bad_request(r, n)
+            r.num_computed_tokens = c
+            r.inflight_tokens += n
+            if c >= r.prompt_len + r.num_output_tokens + r.num_output_placeholders:
+                if placeholders:
+                    r.num_output_placeholders += 1
+                add_sample(True)
+            else:
+                add_sample(False)
+            if r.first_scheduled_time is None:
+                r.first_scheduled_time = now
+        return before, samples
+
+    def _shows_steady(self, out, reqs: list[Request], news: list[int], samples: list[bool]) -> bool:
+        """Whether this schedule shows the waiting queue blocked for the decode steps that follow (a fast-forward
+        may start after it; lab/engine/fastforward.py): it preempted nothing and ran every running request, and
+        either only decoded and admitted nothing, or ended with the waiting head blocked by KV or
+        ``max_num_seqs`` (``SchedulerOutput.waiting_blocked``) while every request samples (any prompt it
+        admitted or continued ends in this step, so the next schedule only decodes)."""
+        if out.preempted or len(reqs) != len(self.running) or reqs != self.running:
+            return False
+        if news.count(1) == len(news) and not self._admitted:
+            return True
+        return out.waiting_blocked and all(samples)
 
     def _bad_request(self, r: Request, n: int) -> None:
         if r.status is not _RUNNING:

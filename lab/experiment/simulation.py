@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import os
 import shutil
 import tempfile
@@ -37,7 +38,7 @@ from lab.core.samples import WeightedSamples
 from lab.core.request import Request, RequestStatus
 from lab.core.sched_api import SchedulerConfig
 from lab.workload import loaders, synthetic
-from lab.workload.closed_loop import ClosedLoopClients, SessionClients
+from lab.workload.closed_loop import ClosedLoopClients, warmup_copies, SessionClients
 from policies import make_router, make_scheduler
 
 
@@ -136,13 +137,14 @@ def build_requests(exp: Experiment) -> list[Request]:
         sessions, _ = build_sessions(exp)
         return [r for convo in sessions for r in convo]
     if w.source == "synthetic":
+        burst = w.rate == math.inf  # vllm bench serve --request-rate inf: every request sent at once
         reqs = synthetic.generate(
-            w.num_requests, w.rate,
+            w.num_requests, 1.0 if burst else w.rate,
             synthetic.LengthDist(**w.prompt_tokens.model_dump()),
             synthetic.LengthDist(**w.output_tokens.model_dump()),
             seed=exp.seed, cv=w.cv, num_priorities=w.num_priorities)
-        if w.concurrency is not None and "rate" not in w.model_fields_set:
-            for r in reqs:  # closed loop without an explicit rate: all ready at once, the clients pace the sends
+        if burst or (w.concurrency is not None and "rate" not in w.model_fields_set):
+            for r in reqs:  # all ready at once (closed loop without a rate: the clients pace the sends)
                 r.arrival_time = 0.0
     else:
         path = exp.path(w.path, "workload.path")  # type: ignore[arg-type]
@@ -387,6 +389,13 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
              progress: Callable[[int, int], None] | None = None, record_breakdown: bool = False) -> SimResult:
     """Run the experiment and return every request and step.
 
+    Fast-forward jumps (lab/engine/fastforward.py) are sized by each instance's ``arrival_hint``. It is the exact
+    time of the instance's next arrival for an open-loop workload with one entry instance, or behind a router that
+    declares ``routes_by_arrival_order`` (round robin) when the front end delays no request: the stream is then
+    routed before the run (:func:`route_open_loop`), for the instances of entry pools without a hand-off. Otherwise
+    (closed-loop clients and sessions, routers that read load, pools with a hand-off or fed by one) it is an
+    estimate. Results do not depend on it.
+
     Args:
         exp: the validated experiment.
         requests: use these instead of building the workload (tests).
@@ -447,13 +456,8 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
             hand_off = HandOff(rule.to, rule.after_output_tokens, rule.delay_s, transfer, bandwidth)
         built.append(Pool(name, members, router, hand_off))
     cluster = Cluster(env, built, _RouterView)
-    entry = cluster.entry_instances
-    nxt = [0.0]
-    if len(entry) == 1 and len(instances) == 1:
-        instances[0].arrival_hint = lambda: nxt[0]
-    else:
-        for inst in instances:
-            inst.arrival_hint = inst.expected_next_arrival
+    for inst in instances:
+        inst.arrival_hint = inst.expected_next_arrival
 
     # one pool of one instance: arrivals go straight to it (no router, no hand-off)
     arrive = instances[0].add_request if len(built) == 1 and len(instances) == 1 else cluster.arrive
@@ -461,21 +465,14 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     if not frontend.is_zero:  # the API server: requests reach the engines after it, tokens the clients after it
         arrive = FrontEnd(env, frontend, arrive).submit
 
-    def arrivals():
-        for r in reqs:
-            nxt[0] = r.arrival_time
-            dt = r.arrival_time - env.now
-            if dt > 0:
-                yield env.timeout(dt)
-            arrive(r)
-        nxt[0] = float("inf")
-
     concurrency = closed_loop_concurrency(exp)
     w = exp.workload
     if w.source == "sessions":
         sessions, starts = _group_sessions(reqs)
         clients.append(SessionClients(env, sessions, starts, arrive, w.think_time_s))
     elif concurrency is not None:
+        if w.num_warmup and reqs:  # extra copies of the first request, as vllm bench serve --num-warmups sends
+            reqs = warmup_copies(reqs[0], w.num_warmup, len(reqs)) + reqs
         clients.append(ClosedLoopClients(env, reqs, concurrency, arrive, w.think_time_s, w.num_warmup, itl.clear))
     if clients:
         for inst in instances:
@@ -487,7 +484,8 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
                 inst.disable_fast_forward()
         env.process(clients[0].run())
     else:
-        env.process(arrivals())
+        routed = route_open_loop(cluster, reqs, frontend)
+        env.process(_open_loop_arrivals(env, reqs, arrive, routed, cluster))
     try:
         _run_env(env, run.horizon)
     except BaseException:
@@ -500,6 +498,81 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     return SimResult(exp, pools[0][2], reqs, instances, itl, float(env.now), time.perf_counter() - t0,
                      pools=[(cfg.name if cfg is not None else "", dep) for cfg, _, dep in pools], groups=groups,
                      cluster=cluster, spill_dir=run.spill_dir)
+
+
+def route_open_loop(cluster: Cluster, reqs: list[Request], frontend: FrontEndCost) -> list[int] | None:
+    """Route an open-loop arrival stream before the run where that gives the same choices as routing at each
+    arrival (lab/cluster/cluster.py ``Cluster.route_ahead``): one entry instance, or an entry router that declares
+    ``routes_by_arrival_order`` (round robin) — the latter only when the front end delays no request
+    (``frontend.request_s`` and ``per_prompt_token_s`` zero), since per-request delays may reorder the stream.
+
+    Returns:
+        per request (list order), the index in ``cluster.entry_instances`` of its instance, or None (the requests
+        are routed at their arrivals).
+
+    Raises:
+        lab.cluster.cluster.RouterError: the router returned no valid index, or read instance state.
+    """
+    delays = frontend.request_s or frontend.per_prompt_token_s
+    if delays and len(cluster.entry_instances) > 1:
+        return None
+    return cluster.route_ahead(reqs)
+
+
+def next_arrival_times(reqs: list[Request], routed: list[int], num_instances: int) -> tuple[list[float], list[float]]:
+    """Exact next-arrival times per instance of a routed stream.
+
+    Args:
+        reqs: the requests in arrival order; ``arrival_time`` in seconds.
+        routed: per request, its instance index (0 .. num_instances - 1).
+        num_instances: the number of instances routed to.
+
+    Returns:
+        (first, following): per instance, the arrival time of its first request (inf if none); per request, the
+        arrival time of the next request routed to the same instance (inf if none). Seconds.
+    """
+    inf = float("inf")
+    first = [inf] * num_instances
+    following = [inf] * len(reqs)
+    for j in range(len(reqs) - 1, -1, -1):
+        k = routed[j]
+        following[j] = first[k]
+        first[k] = reqs[j].arrival_time
+    return first, following
+
+
+def _open_loop_arrivals(env: simpy.Environment, reqs: list[Request], arrive: Callable[[Request], None],
+                        routed: list[int] | None, cluster: Cluster):
+    """The open-loop arrival process (a generator of SimPy events for ``env.process``): each request is handed to
+    ``arrive`` at its ``arrival_time``, in list order.
+
+    With ``routed`` (:func:`route_open_loop`) the ``arrival_hint`` of every entry instance of a pool without a
+    hand-off becomes, now, the exact time of its own next arrival, so its fast-forward jumps end where that request
+    arrives and arrivals routed elsewhere never cut them; the other hints stay the instances' estimates
+    (``Instance.expected_next_arrival``). Either way results are the same: the hint only sizes jumps. (A pool
+    with a hand-off keeps the estimate: a request that leaves in the middle of a jump is handed on when the jump
+    is applied, so longer jumps there would change when it arrives in the next pool.)"""
+    if routed is None:
+        return _deliver_at_arrival_times(env, reqs, arrive, None, None, None)
+    entry = cluster.entry_instances
+    nxt, following = next_arrival_times(reqs, routed, len(entry))
+    for k, inst in enumerate(entry):
+        if cluster.pools[inst.pool].hand_off is None:
+            inst.arrival_hint = lambda k=k: nxt[k]
+    return _deliver_at_arrival_times(env, reqs, arrive, routed, nxt, following)
+
+
+def _deliver_at_arrival_times(env: simpy.Environment, reqs: list[Request], arrive: Callable[[Request], None],
+                              routed: list[int] | None, nxt: list[float] | None, following: list[float] | None):
+    """Hand each request to ``arrive`` at its ``arrival_time``; with ``routed``, first move its instance's next
+    arrival time (``nxt``) on to the one after it (``following``). Yields SimPy events."""
+    for j, r in enumerate(reqs):
+        dt = r.arrival_time - env.now
+        if dt > 0:
+            yield env.timeout(dt)
+        if routed is not None:
+            nxt[routed[j]] = following[j]  # type: ignore[index]
+        arrive(r)
 
 
 def _kv_transfer(exp: Experiment, sub: Experiment, dep: Deployment, pools: list, target: str):
