@@ -110,6 +110,40 @@ def test_fast_forward_equals_step_by_step_in_a_cluster_and_at_a_horizon(spec, ve
 TWO_ENTRY_POOLS = [{"name": "a", "num_instances": 2}, {"name": "b", "num_instances": 1, "engine": {"max_num_seqs": 4}}]
 
 
+def _hand_off_pools(after: int, delay: float, count: int) -> list:
+    return [{"name": "a", "num_instances": count,
+             "hand_off": {"to": "b", "after_output_tokens": after, "delay_s": delay}},
+            {"name": "b", "num_instances": 2}]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=request_spec, version=st.sampled_from(["0.33", "0.11"]), after=st.sampled_from([1, 8, 40]),
+       delay=st.sampled_from([0.0, 0.002]), count=st.sampled_from([1, 2]))
+def test_fast_forward_equals_step_by_step_with_a_hand_off_between_pools(spec, version, after, delay, count):
+    # a request handed on mid-jump enters the next pool at its own instant (the jump ends right after it)
+    assert_same(spec, version=version, blocks=150, pools=_hand_off_pools(after, delay, count))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=request_spec, version=st.sampled_from(["0.33", "0.11"]), prefill=st.sampled_from([1, 2]),
+       decode=st.sampled_from([1, 2]), lease=st.sampled_from([0.05, 30.0]))
+def test_fast_forward_equals_step_by_step_with_prefill_decode_disaggregation(spec, version, prefill, decode, lease):
+    # a request whose KV arrives during a jump's last step waits for its read, not in the waiting queue
+    deployment = {"mode": "disaggregated", "prefill": {"count": prefill}, "decode": {"count": decode},
+                  "transfer": {"bandwidth_gbps": 10.0, "kv_lease_s": lease}}
+    assert_same(spec, version=version, blocks=150, deployment=deployment)
+
+
+def test_the_two_fast_forward_cases_found_with_pools_stay_exact():
+    # pool a hands off after 40 tokens (2 ms) to pool b: request 0 left mid-jump and reached b 15.8 ms late
+    assert_same([(0.0274, 1, 41, None), (0.0822, 5, 41, None)], version="0.11", blocks=150,
+                pools=_hand_off_pools(40, 0.002, 1))
+    # 2P2D: request 2's KV reached a decode instance during a jump's last step and counted as waiting there
+    assert_same([(0.25, 1, 50, None), (0.3359375, 1, 2, None), (0.0546875, 1, 2, None)], version="0.11", blocks=150,
+                deployment={"mode": "disaggregated", "prefill": {"count": 2}, "decode": {"count": 2},
+                            "transfer": {"bandwidth_gbps": 10.0}})
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=request_spec, version=st.sampled_from(["0.33", "0.11"]))
 def test_fast_forward_equals_step_by_step_with_two_entry_pools_behind_round_robin(spec, version):

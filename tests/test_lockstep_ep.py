@@ -134,8 +134,8 @@ def test_all2all_backend_config_field():
     assert build_operator_cost_model(exp, MOE, H100).all2all_backend == "deepep_low_latency"
     with pytest.raises(ConfigError) as e:
         parse_experiment({**base, "hardware": {**base["hardware"], "all2all_backend": "pplx"}})
-    line = str(e.value).splitlines()[-1]
-    assert line.strip().startswith("hardware.all2all_backend:")
+    [line] = str(e.value).splitlines()
+    assert line.startswith("<experiment>: hardware.all2all_backend:")
     assert all(f"'{b}'" in line for b in comm.EP_BACKENDS) and "'pplx'" in line
     with pytest.raises(ValueError, match="all2all_backend 'deepep': expected one of"):
         OperatorCostModel(MOE, H100, Parallelism(1, 1, 2, 2), all2all_backend="deepep")

@@ -131,7 +131,8 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
     # k schedules: no schedule without participants; with requests waiting, stop right after the first completion
     # (the next schedule may admit one).
     k = max(rem)
-    if waiting or inst.finish_triggers_arrival:  # a closed-loop client sends its next request at a completion
+    # a closed-loop client sends its next request at a completion; a hand-off enters another pool at it
+    if waiting or inst.finish_triggers_arrival or inst.hands_off:
         k = min(k, min(fin) + 1)
     k = min(k, MAX_JUMP_STEPS)
     if k < 2:

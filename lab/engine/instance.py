@@ -170,6 +170,9 @@ class Instance:
         self.jumping: set | None = None
         # a completion may cause an arrival at its very time (closed-loop clients): jumps end at the first one
         self.finish_triggers_arrival = False
+        # the instance's pool hands requests on to another pool (lab/cluster/cluster.py): each hand-off must happen
+        # at its own instant, so a fast-forward jump ends right after the first one
+        self.hands_off = False
         # Expected time of this instance's next arrival (sizes fast-forward plans; correctness never depends on it)
         self.arrival_hint: Callable[[], float] = lambda: float("inf")
         self._last_arrival = 0.0
@@ -340,6 +343,8 @@ class Instance:
         request.status = RequestStatus.WAITING
         remote = request.remote
         if remote is not None:  # disaggregated: wait for blocks, then read the KV (vLLM WAITING_FOR_REMOTE_KVS)
+            if deferred:  # it waits for its KV read, not in the waiting queue the jump's last step counts
+                self._plan.deferred_arrivals -= 1
             remote.times["d_arrived"] = self.now
             remote.d_instance = self.instance_id
             if request.events is not None:

@@ -455,6 +455,9 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
             transfer, bandwidth = _kv_transfer(exp, sub, dep, pools, rule.to)
             hand_off = HandOff(rule.to, rule.after_output_tokens, rule.delay_s, transfer, bandwidth)
         built.append(Pool(name, members, router, hand_off))
+        if hand_off is not None:
+            for inst in members:  # a hand-off enters another pool at its own instant: a jump ends right after it
+                inst.hands_off = True
     cluster = Cluster(env, built, _RouterView)
     for inst in instances:
         inst.arrival_hint = inst.expected_next_arrival
