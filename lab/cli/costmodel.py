@@ -226,7 +226,8 @@ def costcheck(what: str = typer.Argument("all", help="cross-source, splitwise or
         _fail(str(e))
     for name, md in results.items():
         console.print(f"[bold]{name}[/]")
-        console.print(md, highlight=False)
+        # Markdown tables: one row per line whatever the terminal width (a wrapped row is unreadable and unparsable)
+        console.print(md, highlight=False, markup=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
