@@ -115,3 +115,16 @@ def test_weighted_samples_are_exact_and_compact_on_long_runs(monkeypatch):
         c.add(float(round(v, 3)))  # few distinct values: compaction merges them
     assert c.compacted and len(c.values) <= 100 + 50  # bounded: distinct values + pairs added since
     assert c.describe((90,))["p90"] == pytest.approx(np.percentile(np.round(vals, 3), 90), abs=1e-7)
+
+
+def test_itl_statistics_do_not_depend_on_the_order_or_grouping_samples_were_added_in():
+    # a fast-forward adds (gap, batch size) pairs in bulk where step-by-step adds them one step at a time
+    from lab.core.samples import WeightedSamples
+
+    gaps = [0.0080182590544, 0.0079653, 0.0080666566, 0.0080723514]
+    bulk, single = WeightedSamples(), WeightedSamples()
+    bulk.extend_pairs(gaps, [37, 12, 5, 40])
+    for g, n in zip(reversed(gaps), [40, 5, 12, 37]):
+        for _ in range(n):
+            single.add(g, 1)
+    assert bulk.describe((50, 90, 99)) == single.describe((50, 90, 99))

@@ -93,8 +93,10 @@ class WeightedSamples:
         if v.size == 0:
             out.update({"mean": None, "median": None, "std": None, **{f"p{p:g}": None for p in percentiles}})
             return out
-        order = np.argsort(v, kind="stable")
-        v, w = v[order], w[order]
+        # merge equal values first (np.unique sorts; whole-number weights add exactly), so the sums below do not
+        # depend on the order samples were added in: a bulk (value, 3) and three single samples give the same bits
+        v, inv = np.unique(v, return_inverse=True)
+        w = np.bincount(inv, weights=w)
         n = w.sum()
         mean = float(np.dot(v, w) / n)
         out["mean"] = mean
