@@ -179,11 +179,18 @@ def _open(browser, path: Path, shot: Path) -> list[dict]:
     plots = page.evaluate(_PLOTS_JS)
     assert problems == []
     assert shot.stat().st_size > 10_000
-    box = page.locator("[data-chart] svg").first.bounding_box()
+    chart = page.locator("[data-chart] svg").first
+    chart.scroll_into_view_if_needed()  # a pointer move outside the viewport reaches no element
+    box = chart.bounding_box()
     page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5)  # the hover readout answers
-    readout = page.locator("[data-chart] .readout").first.text_content()
+    try:
+        page.wait_for_function("() => document.querySelector('[data-chart] .readout').textContent.includes('=')",
+                               timeout=5000)
+    except Exception as e:  # playwright's TimeoutError: the readout never answered
+        readout = page.locator("[data-chart] .readout").first.text_content()
+        page.close()
+        raise AssertionError(f"the hover readout did not answer: {readout!r}") from e
     page.close()
-    assert "=" in readout, readout
     return plots
 
 
