@@ -175,10 +175,9 @@ def _open(browser, path: Path, shot: Path) -> list[dict]:
             else None)
     page.on("request", lambda r: problems.append(f"request: {r.url}") if not r.url.startswith("file:") else None)
     page.goto(path.as_uri())
-    page.screenshot(path=str(shot), full_page=True)
     plots = page.evaluate(_PLOTS_JS)
-    assert problems == []
-    assert shot.stat().st_size > 10_000
+    # hover first: the full-page screenshot resizes the viewport, and the page redraws its charts 150 ms after a
+    # resize (a debounced handler), which would reset a readout read meanwhile
     chart = page.locator("[data-chart] svg").first
     chart.scroll_into_view_if_needed()  # a pointer move outside the viewport reaches no element
     box = chart.bounding_box()
@@ -190,6 +189,9 @@ def _open(browser, path: Path, shot: Path) -> list[dict]:
         readout = page.locator("[data-chart] .readout").first.text_content()
         page.close()
         raise AssertionError(f"the hover readout did not answer: {readout!r}") from e
+    page.screenshot(path=str(shot), full_page=True)
+    assert problems == []
+    assert shot.stat().st_size > 10_000
     page.close()
     return plots
 
