@@ -12,7 +12,7 @@ def test_block_zero_is_reserved_and_usage_counts_usable_blocks():
     r = Request(0, 0.0, 40, 5)
     assert kv.allocate_slots(r, 40)
     assert len(r.blocks) == 3  # ceil(40 / 16)
-    assert all(b.block_id != 0 for b in r.blocks)
+    assert all(b != 0 for b in r.blocks)
     assert kv.num_free_blocks == 7
     assert kv.usage() == pytest.approx(0.3)
     kv.free(r)
@@ -115,8 +115,8 @@ def test_free_order_puts_a_requests_tail_block_closest_to_eviction():
         pool.cache_block(b, 1000 + i)
     pool.free_blocks(list(reversed(blocks)))  # vLLM frees in reverse order
     # the tail block of the request (1002) was freed first, so it sits closest to the head among the three
-    order = [b.block_id for b in pool.free_queue.blocks()]
-    assert order[-3:] == [blocks[2].block_id, blocks[1].block_id, blocks[0].block_id]
+    order = pool.free_queue.blocks()
+    assert order[-3:] == [blocks[2], blocks[1], blocks[0]]
 
 
 def test_unhashed_freed_blocks_are_reused_first_in_current_vllm_but_not_legacy():
@@ -125,7 +125,7 @@ def test_unhashed_freed_blocks_are_reused_first_in_current_vllm_but_not_legacy()
         (b,) = pool.get_new_blocks(1)
         pool.free_blocks([b])
         head = pool.free_queue.blocks()[0]
-        assert (head is b) == expect_head
+        assert (head == b) == expect_head
 
 
 def test_touching_a_free_cached_block_counts_against_free_blocks():
@@ -141,7 +141,7 @@ def test_touching_a_free_cached_block_counts_against_free_blocks():
     b2 = Request(2, 0.0, 12, 2, prompt_token_ids=list(range(8)) + [9] * 4)
     hits, n = kv.get_computed_blocks(b2)
     assert kv.allocate_slots(b2, 4, hits, n)
-    assert len(b2.blocks) == 3 and b2.blocks[:2] == hits and all(h.ref_cnt == 1 for h in hits)
+    assert len(b2.blocks) == 3 and b2.blocks[:2] == hits and all(kv.pool.ref_cnt[h] == 1 for h in hits)
 
 
 def test_full_sequence_gate_checks_the_whole_prompt_not_just_the_chunk():
@@ -186,9 +186,9 @@ def test_handing_out_a_block_forgets_its_hash_and_keeps_other_blocks_with_the_sa
     pool.cache_block(b, 7)  # same content computed twice: both blocks are mapped under 7
     pool.cache_block(c, 8)
     pool.free_blocks([c, a, b])  # free queue: 4, 5, c, a, b
-    assert [x.block_id for x in pool.get_new_blocks(2)] == [4, 5]
-    assert pool.get_new_block() is c and c.block_hash is None and not c.in_map and 8 not in pool.cached
+    assert pool.get_new_blocks(2) == [4, 5]
+    assert pool.get_new_block() == c and pool.block_hash[c] is None and not pool.in_map[c] and 8 not in pool.cached
     pool.touch([b])  # a prefix hit takes b out of the middle of the queue: a stale entry is left behind
-    assert pool.get_new_blocks(1) == [a] and a.block_hash is None
-    assert pool.cached[7] is b and pool.lookup(7) is b  # back to a plain entry with the one block left
+    assert pool.get_new_blocks(1) == [a] and pool.block_hash[a] is None
+    assert pool.cached[7] == b and pool.lookup(7) == b  # back to a plain entry with the one block left
     assert pool.free_queue.stale == 1 and pool.num_free_blocks == 0

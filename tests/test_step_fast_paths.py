@@ -19,8 +19,8 @@ from tests.conftest import make_engine, submit
 
 def _kv_state(kv: KVCacheManager, reqs: list[Request]) -> tuple:
     pool = kv.pool
-    return ([[b.block_id for b in r.blocks] for r in reqs], [r.num_cached_blocks for r in reqs],
-            [b.block_id for b in pool.free_queue.blocks()], sorted(pool.cached), len(pool.free_queue))
+    return ([list(r.blocks) for r in reqs], [r.num_cached_blocks for r in reqs],
+            pool.free_queue.blocks(), sorted(pool.cached), len(pool.free_queue))
 
 
 def _running_set(seed: int, caching: bool) -> tuple[KVCacheManager, list[Request], list[int]]:

@@ -19,79 +19,77 @@ def unique_content(request: Request) -> bool:
     return request.prompt_token_ids is None and request.hash_ids is None
 
 
-class Block:
-    """One KV block: ``block_size`` token slots of every layer on the rank.
-
-    ``block_hash`` is set while the block holds registered content; ``in_map`` says whether that hash is in the
-    pool's lookup map (content unique to one request is marked but not mapped: only its owner can ever hit it)."""
-
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "in_map", "free_seq")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_cnt = 0
-        self.block_hash: int | None = None
-        self.in_map = False
-        self.free_seq = -1  # the sequence number of its live entry in the free queue; -1 when not free
-
-    def __repr__(self) -> str:
-        return f"Block({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
+# A KV block is its id, an int in 0..num_gpu_blocks-1 (0 is the reserved null block): ``block_size`` token slots of
+# every layer on the rank. Its state lives in the pool's per-block lists (``ref_cnt``, ``free_seq``, ``block_hash``,
+# ``in_map``), indexed by id: dense lists touch far less memory than one object per block (with 16 instances of
+# ~30,000 blocks each, freeing a request's ~100 scattered block objects cost ~40 us, mostly cache misses).
+Block = int
 
 
 class FreeBlockQueue:
     """The free-block queue: head = next block to hand out (and evict), tail = most recently freed.
 
-    A deque of (sequence number, block) entries with lazy removal: taking a free block out of the middle (a prefix
-    hit) only marks its entry stale, and stale entries are skipped when they reach the head. O(1) everything, and
-    cheaper than a linked list per block (vLLM ``FreeKVCacheBlockQueue`` has the same interface).
+    A deque of (sequence number, block id) entries with lazy removal: taking a free block out of the middle (a
+    prefix hit) only marks its entry stale (``free_seq[b] = -1``), and stale entries are skipped when they reach
+    the head. O(1) everything, and cheaper than a linked list per block (vLLM ``FreeKVCacheBlockQueue`` has the same
+    interface). ``free_seq`` is the pool's list: the sequence number of each block's live entry (-1: none).
     """
 
-    __slots__ = ("_q", "_seq", "n", "stale")
+    __slots__ = ("_q", "_seq", "n", "stale", "free_seq")
 
-    def __init__(self, blocks: list[Block]) -> None:
-        self._q: deque = deque()
-        self._seq = 0
-        self.n = 0
+    def __init__(self, free_seq: list[int], block_ids: range) -> None:
+        n = len(block_ids)
+        for seq, b in enumerate(block_ids, 1):
+            free_seq[b] = seq
+        self.free_seq = free_seq
+        self._q: deque = deque(zip(range(1, n + 1), block_ids))
+        self._seq = n
+        self.n = n
         self.stale = 0  # stale entries still in the deque; while 0, popped entries need no check
-        for b in blocks:
-            self.append(b)
 
     def __len__(self) -> int:
         return self.n
 
-    def append(self, b: Block) -> None:
+    def append(self, b: int) -> None:
         s = self._seq = self._seq + 1
-        b.free_seq = s
+        self.free_seq[b] = s
         self._q.append((s, b))
         self.n += 1
 
-    def appendleft(self, b: Block) -> None:
+    def appendleft(self, b: int) -> None:
         s = self._seq = self._seq + 1
-        b.free_seq = s
+        self.free_seq[b] = s
         self._q.appendleft((s, b))
         self.n += 1
 
-    def remove(self, b: Block) -> None:
-        b.free_seq = -1
+    def remove(self, b: int) -> None:
+        self.free_seq[b] = -1
         self.n -= 1
         self.stale += 1
 
-    def popleft(self) -> Block:
+    def popleft(self) -> int:
         pop = self._q.popleft
+        fs = self.free_seq
         while True:
             s, b = pop()
-            if b.free_seq == s:
+            if fs[b] == s:
                 self.n -= 1
                 return b
             self.stale -= 1
 
-    def blocks(self) -> list[Block]:
-        """The free blocks from head to tail (for inspection)."""
-        return [b for s, b in self._q if b.free_seq == s]
+    def blocks(self) -> list[int]:
+        """The free block ids from head to tail (for inspection)."""
+        fs = self.free_seq
+        return [b for s, b in self._q if fs[b] == s]
 
 
 class BlockPool:
-    """All KV blocks of one instance, the free queue and the hash -> block map of cached blocks.
+    """All KV blocks of one instance: their state by block id, the free queue and the hash -> block map of cached
+    blocks.
+
+    Per block id ``b``: ``ref_cnt[b]`` (requests holding it), ``free_seq[b]`` (its live free-queue entry, -1 when
+    not free), ``block_hash[b]`` (set while it holds registered content) and ``in_map[b]`` (that hash is in the
+    lookup map ``cached``).
 
     Args:
         num_gpu_blocks: blocks in the pool, including the reserved null block 0 (vLLM ``num_gpu_blocks``).
@@ -109,12 +107,16 @@ class BlockPool:
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.prepend_unhashed = prepend_unhashed
-        self.blocks = [Block(i) for i in range(num_gpu_blocks)]
-        self.null_block = self.blocks[0]
-        self.null_block.ref_cnt = 1
-        self.free_queue = FreeBlockQueue(self.blocks[1:])
-        # hash -> block, or -> {block_id: block} when several blocks hold the same content (computed concurrently).
-        self.cached: dict[int, Block | dict[int, Block]] = {}
+        self.ref_cnt = [0] * num_gpu_blocks
+        self.free_seq = [-1] * num_gpu_blocks
+        self.block_hash: list[int | None] = [None] * num_gpu_blocks
+        self.in_map = bytearray(num_gpu_blocks)
+        self.null_block = 0
+        self.ref_cnt[0] = 1
+        self.free_queue = FreeBlockQueue(self.free_seq, range(1, num_gpu_blocks))
+        # hash -> block id, or -> {block id: None} (insertion-ordered) when several blocks hold the same content
+        # (computed concurrently).
+        self.cached: dict[int, int | dict[int, None]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -130,14 +132,14 @@ class BlockPool:
         """vLLM's ``kv_cache_usage``: 1 - free / (num_blocks - 1); cached free blocks count as free."""
         return 1.0 - len(self.free_queue) / self.num_usable_blocks
 
-    def lookup(self, block_hash: int) -> Block | None:
+    def lookup(self, block_hash: int) -> int | None:
         """Return a cached block holding this hash, or None."""
         entry = self.cached.get(block_hash)
-        if entry is None or entry.__class__ is Block:
+        if entry is None or entry.__class__ is int:
             return entry
-        return next(iter(entry.values()))
+        return next(iter(entry))
 
-    def get_new_blocks(self, n: int) -> list[Block]:
+    def get_new_blocks(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the head of the free queue, evicting their hashes.
 
         Raises:
@@ -153,48 +155,52 @@ class BlockPool:
             pop = fq._q.popleft
             out = [pop()[1] for _ in range(n)]
             fq.n -= n
-        evict = self._evict_hash
-        for block in out:
-            block.ref_cnt = 1
-            if block.block_hash is not None:
-                evict(block)
+        rc = self.ref_cnt
+        for b in out:
+            rc[b] = 1
+        if self.cached:  # a block holds a hash only while it is mapped: without any mapped, nothing to evict
+            bh = self.block_hash
+            for b in out:
+                if bh[b] is not None:
+                    self._evict_hash(b)
         return out
 
-    def get_new_block(self) -> Block:
+    def get_new_block(self) -> int:
         """One block from the head of the free queue (:meth:`get_new_blocks` for n = 1, without the list)."""
         fq = self.free_queue
         if fq.stale or not fq.n:
             return self.get_new_blocks(1)[0]
-        block = fq._q.popleft()[1]
+        b = fq._q.popleft()[1]
         fq.n -= 1
-        block.ref_cnt = 1
-        if block.block_hash is not None:
-            self._evict_hash(block)
-        return block
+        self.ref_cnt[b] = 1
+        if self.block_hash[b] is not None:
+            self._evict_hash(b)
+        return b
 
-    def _evict_hash(self, block: Block) -> None:
+    def _evict_hash(self, b: int) -> None:
         """Forget a block's content as it is handed out again: clear its hash and, if mapped, drop it from the
         lookup map (a hash held by several blocks keeps the others, back to a plain entry when one is left)."""
-        if block.in_map:
-            h = block.block_hash
+        if self.in_map[b]:
+            h = self.block_hash[b]
             cached = self.cached
             entry = cached[h]
-            if entry is block:
+            if entry.__class__ is int:
                 del cached[h]
             else:
-                del entry[block.block_id]
+                del entry[b]
                 if len(entry) == 1:
-                    cached[h] = next(iter(entry.values()))
-            block.in_map = False
-        block.block_hash = None
+                    cached[h] = next(iter(entry))
+            self.in_map[b] = 0
+        self.block_hash[b] = None
 
-    def touch(self, blocks: list[Block]) -> None:
+    def touch(self, blocks: list[int]) -> None:
         """Take a reference on prefix-hit blocks, removing free ones from the free queue."""
         fq = self.free_queue
+        rc = self.ref_cnt
         for b in blocks:
-            if b.ref_cnt == 0:
+            if rc[b] == 0:
                 fq.remove(b)
-            b.ref_cnt += 1
+            rc[b] += 1
 
     def free_blocks(self, blocks) -> None:
         """Drop one reference from each block, in the order given (callers pass a request's blocks reversed).
@@ -205,15 +211,18 @@ class BlockPool:
         fq = self.free_queue
         q = fq._q
         prepend = self.prepend_unhashed
+        rc = self.ref_cnt
+        fs = self.free_seq
+        bh = self.block_hash
         seq = fq._seq
         n = 0
         for b in blocks:
-            rc = b.ref_cnt - 1
-            b.ref_cnt = rc
-            if not rc:
+            c = rc[b] - 1
+            rc[b] = c
+            if not c:
                 seq += 1
-                b.free_seq = seq
-                if prepend and b.block_hash is None:
+                fs[b] = seq
+                if prepend and bh[b] is None:
                     q.appendleft((seq, b))
                 else:
                     q.append((seq, b))
@@ -221,12 +230,15 @@ class BlockPool:
         fq._seq = seq
         fq.n += n
 
-    def free_unique(self, blocks: list[Block], num_full: int) -> list[int]:
+    def free_unique(self, blocks: list[int], num_full: int) -> range:
         """Free the blocks of a request whose content is unique (each held by it alone), last block first: the
         full (registered) ones go to the tail as hashed blocks do, the rest to the head if ``prepend_unhashed``.
-        Returns the free-queue sequence numbers of the full blocks (how a resumed request recognises its own)."""
+        Returns the free-queue sequence numbers of the full blocks, in the request's block order (how a resumed
+        request recognises its own)."""
         fq = self.free_queue
         q = fq._q
+        rc = self.ref_cnt
+        fs = self.free_seq
         seq = fq._seq
         n = len(blocks)
         partial = blocks[num_full:]
@@ -234,8 +246,8 @@ class BlockPool:
             tail_first = not self.prepend_unhashed
             for b in reversed(partial):
                 seq += 1
-                b.ref_cnt = 0
-                b.free_seq = seq
+                rc[b] = 0
+                fs[b] = seq
                 if tail_first:
                     q.append((seq, b))
                 else:
@@ -244,24 +256,24 @@ class BlockPool:
         nums = range(seq + 1, seq + 1 + num_full)
         q.extend(zip(nums, full_rev))
         for b, s in zip(full_rev, nums):
-            b.ref_cnt = 0
-            b.free_seq = s
+            rc[b] = 0
+            fs[b] = s
         fq._seq = seq + num_full
         fq.n += n
-        return list(nums)[::-1]
+        return nums[::-1]
 
-    def cache_block(self, block: Block, block_hash: int) -> None:
+    def cache_block(self, b: int, block_hash: int) -> None:
         """Register a full block under its hash (vLLM ``cache_full_blocks``)."""
-        block.block_hash = block_hash
-        block.in_map = True
+        self.block_hash[b] = block_hash
+        self.in_map[b] = 1
         cached = self.cached
         entry = cached.get(block_hash)
         if entry is None:
-            cached[block_hash] = block
-        elif entry.__class__ is Block:
-            cached[block_hash] = {entry.block_id: entry, block.block_id: block}
+            cached[block_hash] = b
+        elif entry.__class__ is int:
+            cached[block_hash] = {entry: None, b: None}
         else:
-            entry[block.block_id] = block
+            entry[b] = None
 
 
 class KVCacheManager:
@@ -332,9 +344,11 @@ class KVCacheManager:
             hits = []
             if prev:
                 blocks, seqs = prev
+                rc = self.pool.ref_cnt
+                fs = self.pool.free_seq
                 for i in range(min(max_blocks, len(seqs))):
                     b = blocks[i]
-                    if b.ref_cnt or b.free_seq != seqs[i]:
+                    if rc[b] or fs[b] != seqs[i]:
                         break
                     hits.append(b)
             if hits and self.drop_last_hit_block:
@@ -406,8 +420,9 @@ class KVCacheManager:
             if need < 0:
                 need = 0
             evictable = 0
+            rc = pool.ref_cnt
             for b in hits:
-                if b.ref_cnt == 0:
+                if rc[b] == 0:
                     evictable += 1
             free = len(pool.free_queue) - reserved_blocks
             if need + evictable > free:
@@ -481,16 +496,19 @@ class KVCacheManager:
         start = request.num_cached_blocks
         if not unique_content(request):  # unique content: nothing else can hit it, only the count matters
             hashes = request.ensure_block_hashes(num_full, self.block_size)
-            cached = self.pool.cached
-            cache = self.pool.cache_block
+            pool = self.pool
+            cached = pool.cached
+            cache = pool.cache_block
+            bh = pool.block_hash
+            in_map = pool.in_map
             for i in range(start, num_full):
                 b = blocks[i]
                 h = hashes[i]
                 if h in cached:
                     cache(b, h)
                 else:  # the common case, inlined
-                    b.block_hash = h
-                    b.in_map = True
+                    bh[b] = h
+                    in_map[b] = 1
                     cached[h] = b
         request.num_cached_blocks = num_full
 
@@ -522,7 +540,8 @@ class KVCacheManager:
         """
         hits, num_hit = self.get_computed_blocks(request)
         need = self.blocks_for(num_tokens) - len(hits)
-        evictable = sum(1 for b in hits if b.ref_cnt == 0)
+        rc = self.pool.ref_cnt
+        evictable = sum(1 for b in hits if rc[b] == 0)
         if need + evictable > len(self.pool.free_queue):
             return False, 0
         if hits:

@@ -137,6 +137,9 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
     k = min(k, MAX_JUMP_STEPS)
     if k < 2:
         return None
+    k = _kv_bound(computed0, rem, k, bs, len(kv.pool.free_queue))  # before pricing: the bound is often 0 or 1
+    if k < 2:
+        return None
     # Step times of schedules 0..k-1. Request i takes part while j < rem[i], so with requests sorted by rem the
     # participants of schedule j are a suffix: counts, Σ contexts and the context range follow from suffix sums.
     opt = inst.options
@@ -195,28 +198,6 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
     k = min(k, n_exec)
     if k < 2:
         return None
-    # KV: the first schedule whose new blocks (frees not counted) exceed the free blocks would preempt. Request i
-    # takes a block at schedules j0, j0 + bs, ... below min(rem, k); count them all first (the common case fits).
-    free = len(kv.pool.free_queue)
-    total = 0
-    for c, m in zip(computed0, rem):
-        j0 = (-c) % bs
-        top = m if m < k else k
-        if top > j0:
-            total += (top - j0 + bs - 1) // bs
-    if total > free:
-        allocs = [0] * k
-        for c, m in zip(computed0, rem):
-            for j in range((-c) % bs, min(m, k), bs):
-                allocs[j] += 1
-        total = 0
-        for j, a in enumerate(allocs):
-            total += a
-            if total > free:
-                k = j
-                break
-        if k < 2:
-            return None
     p = Plan()
     p.reqs = list(running)
     p.rem = rem
@@ -246,6 +227,35 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
     p.block_size = bs
     p.caching_unique = unique if caching else [False] * len(unique)
     return p
+
+
+def _kv_bound(computed0: list[int], rem: list[int], k: int, bs: int, free: int) -> int:
+    """The first of schedules 0..k-1 whose new blocks (frees during the jump not counted, which only makes the
+    bound safe) would exceed ``free`` blocks and so preempt, or ``k`` when all fit.
+
+    Request i takes a block at schedules j0, j0 + bs, ... below min(rem_i, k), j0 = -C_i mod bs, so the blocks
+    taken by schedules 0..m-1 number ``_new_blocks(m)``, non-decreasing in m; the answer is the largest m <= k with
+    ``_new_blocks(m) <= free`` (binary search: O(len(rem) log k)). It does not depend on ``k`` beyond it, so the
+    bound may be taken before the jump's length is known."""
+    def new_blocks(m: int) -> int:
+        total = 0
+        for c, r in zip(computed0, rem):
+            top = r if r < m else m
+            j0 = (-c) % bs
+            if top > j0:
+                total += (top - j0 + bs - 1) // bs
+        return total
+
+    if new_blocks(k) <= free:  # the common case
+        return k
+    lo, hi = 0, k  # new_blocks(lo) <= free < new_blocks(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if new_blocks(mid) <= free:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 _PAD_TABLES: dict[tuple, tuple] = {}
