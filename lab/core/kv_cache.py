@@ -38,9 +38,9 @@ class FreeBlockQueue:
     __slots__ = ("_q", "_seq", "n", "stale", "free_seq")
 
     def __init__(self, free_seq: list[int], block_ids: range) -> None:
+        """Queue ``block_ids`` (a range of step 1) head to tail, with sequence numbers 1, 2, ..."""
         n = len(block_ids)
-        for seq, b in enumerate(block_ids, 1):
-            free_seq[b] = seq
+        free_seq[block_ids.start:block_ids.stop] = range(1, n + 1)
         self.free_seq = free_seq
         self._q: deque = deque(zip(range(1, n + 1), block_ids))
         self._seq = n
