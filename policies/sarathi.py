@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.core.request import RequestStatus
+from lab.core.request import Request, RequestStatus
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
 from policies.common import (allocate_or_preempt, allocate_waiting, is_running, lookup, next_waiting,
                              resolve_victim_rule, take_waiting)
@@ -51,6 +51,23 @@ class SarathiScheduler(SchedulerBase):
 
     def __init__(self, options: "SarathiScheduler.Options | None" = None) -> None:
         self.options = options or self.Options()
+
+    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_decodes: int,
+                           num_free_blocks: int) -> bool:
+        """Pass 3's decision on ``head`` for a schedule whose pass 1 only decoded (see
+        :meth:`SchedulerBase.head_stays_blocked`): blocked by ``max_num_seqs``, by no budget left after the
+        decodes, or by KV (blocks for its whole prompt, ``KVCacheManager.blocks_to_admit``, above the free blocks
+        less the watermark). False (cannot tell) for a swapped-out head or prefix hits that may change."""
+        if num_running >= engine.config.max_num_seqs:
+            return True
+        if self.options.chunk_size - num_decodes <= 0:
+            return True
+        if head.num_computed_tokens:
+            return False
+        need = engine.kv.blocks_to_admit(head, head.num_tokens)
+        if need is None:
+            return False
+        return need > num_free_blocks - int(self.options.watermark * engine.kv.pool.num_gpu_blocks)
 
     def schedule(self, engine: EngineView) -> SchedulerOutput:
         cfg = engine.config

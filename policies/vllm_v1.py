@@ -11,7 +11,7 @@ first; the first allocation failure stops it (head-of-line blocking; a waiting r
 
 from __future__ import annotations
 
-from lab.core.request import RequestStatus
+from lab.core.request import Request, RequestStatus
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerOutput
 from policies.common import (allocate_or_preempt, allocate_waiting, lookup, next_waiting, resolve_victim_rule,
                              schedule_drafts, start_cpu_load, take_waiting)
@@ -165,6 +165,39 @@ class VLLMV1Scheduler(SchedulerBase):
                 if r.num_spec_tokens:
                     schedule_drafts(out, r, n)
         return budget
+
+    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_decodes: int,
+                           num_free_blocks: int) -> bool:
+        """:meth:`schedule_waiting`'s decision on ``head`` for a schedule whose phase 1 only decoded (see
+        :meth:`SchedulerBase.head_stays_blocked`): blocked by ``max_num_seqs``, by no budget left, by a prompt
+        that does not fit the budget without chunked prefill, or by KV (its blocks, from
+        ``KVCacheManager.blocks_to_admit``, above the free blocks less the watermark). False (cannot tell) with
+        a CPU KV tier, a swapped-out head, prefix hits that may change, or a padded one-token admission."""
+        cfg = engine.config
+        if num_running >= cfg.max_num_seqs:
+            return True
+        budget = cfg.max_num_batched_tokens - num_decodes
+        if budget <= 0:
+            return True
+        if engine.kv_offload is not None or head.num_computed_tokens:
+            return False
+        threshold = cfg.long_prefill_token_threshold
+        if threshold and cfg.threshold_only_when_contended and num_running + len(engine.waiting) <= 1:
+            threshold = 0
+        n = head.num_tokens
+        if 0 < threshold < n:
+            n = threshold
+        if not cfg.enable_chunked_prefill and n > budget:
+            return True
+        if n > budget:
+            n = budget
+        if cfg.pad_new_one_token_requests and n == 1:
+            return False
+        need = engine.kv.blocks_to_admit(head, n, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
+        if need is None:
+            return False
+        reserve = int(cfg.watermark * engine.kv.pool.num_gpu_blocks) if cfg.watermark and num_running else 0
+        return need > num_free_blocks - reserve
 
     def schedule_waiting(self, engine: EngineView, out: SchedulerOutput, budget: int, threshold: int) -> int:
         """Phase 2: admit waiting requests in queue order; stops at the first that does not fit."""

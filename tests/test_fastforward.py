@@ -293,3 +293,36 @@ def test_fast_forward_goes_on_through_arrivals_behind_a_blocked_head(scheduler, 
     inst = res.instances[0]
     assert inst.num_absorbed_arrivals > 10
     assert inst.jumped_steps > 0.92 * len(inst.steps)  # 0.88-0.89 when every arrival ends a jump
+
+
+@pytest.mark.parametrize("scheduler,version", [("vllm_v1", "0.33"), ("vllm_v1", "0.11"), ("sarathi", "0.11")])
+@pytest.mark.parametrize("caching", [True, False])
+def test_fast_forward_goes_on_through_completions_that_leave_the_head_blocked_by_kv(monkeypatch, scheduler,
+                                                                                    version, caching):
+    # Five requests hold most of the 59 usable blocks (9 each for their prompts, growing as they decode); the
+    # sixth needs 38 blocks for its prompt, so its admission waits for several completions. Each completion
+    # before the one that frees enough leaves it blocked (SchedulerBase.head_stays_blocked), and the jump goes
+    # on through it instead of ending there.
+    from lab.core.sched_api import SchedulerBase
+    from policies.sarathi import SarathiScheduler
+    from policies.vllm_v1 import VLLMV1Scheduler
+
+    verdicts = []
+    original = {"vllm_v1": VLLMV1Scheduler.head_stays_blocked, "sarathi": SarathiScheduler.head_stays_blocked}
+
+    def counting(name):
+        def wrapper(self, *args):
+            verdict = original[name](self, *args)
+            verdicts.append(verdict)
+            return verdict
+        return wrapper
+
+    monkeypatch.setattr(VLLMV1Scheduler, "head_stays_blocked", counting("vllm_v1"))
+    monkeypatch.setattr(SarathiScheduler, "head_stays_blocked", counting("sarathi"))
+    spec = [(0.001, 144, 10 + 20 * i, None) for i in range(5)] + [(0.001, 600, 30, None)]
+    spec += [(0.001, 20 + i, 25, None) for i in range(8)]
+    res = assert_same(spec, scheduler=scheduler, version=version, seqs=16, blocks=60, caching=caching, mbt=1024,
+                      options={"chunk_size": 512} if scheduler == "sarathi" else {})
+    assert verdicts.count(True) >= 2 and False in verdicts  # blocked through completions, then admitted
+    assert SchedulerBase.head_stays_blocked(None, None, None, 1, 1, 1) is False  # the default: cannot tell
+    assert res.requests[5].finish_time is not None

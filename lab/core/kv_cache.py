@@ -445,6 +445,29 @@ class KVCacheManager:
                 self.register_full_blocks(request, num_full)
         return True
 
+    def blocks_to_admit(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0,
+                        full_sequence_must_fit: bool = False) -> int | None:
+        """The free blocks, beyond any reserve, ``allocate_slots(request, num_new_tokens, None, 0,
+        num_lookahead_tokens, full_sequence_must_fit, reserved_blocks)`` needs to succeed for a waiting request
+        with no prefix hit: ``ceil(min(C + n + lookahead, max_model_len) / block_size) - held`` (at least 0) and,
+        with ``full_sequence_must_fit``, at least ``ceil(num_tokens / block_size) - held`` (the conditions of
+        :meth:`allocate_slots`). None when its prefix hits could change as blocks are handed out and registered
+        (prefix caching on, unless its content is unique and it left no blocks behind), so the count cannot be
+        known ahead of its schedule."""
+        if self.enable_prefix_caching and not (unique_content(request) and request.prev_blocks is None):
+            return None
+        bs = self.block_size
+        held = len(request.blocks)
+        total = request.num_computed_tokens + num_new_tokens + num_lookahead_tokens
+        if total > self.max_model_len:
+            total = self.max_model_len
+        need = -(-total // bs) - held
+        if full_sequence_must_fit:
+            full = -(-request.num_tokens // bs) - held
+            if full > need:
+                need = full
+        return need if need > 0 else 0
+
     def allocate_running(self, requests: list[Request], num_new_tokens: list[int],
                          num_lookahead_tokens: int = 0) -> int:
         """:meth:`allocate_slots` ``(r, n, num_lookahead_tokens=num_lookahead_tokens)`` for each running request

@@ -230,6 +230,9 @@ class Scheduler(Protocol):
 
     def schedule(self, engine: EngineView) -> SchedulerOutput: ...
 
+    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_decodes: int,
+                           num_free_blocks: int) -> bool: ...
+
 
 class SchedulerBase:
     """Base class of every scheduling policy: it declares the capabilities the engine reads, with safe defaults.
@@ -258,6 +261,8 @@ class SchedulerBase:
     - :meth:`make_queue`: the waiting queue the policy wants (default: FCFS or priority by ``config.queue_policy``).
     - :meth:`max_step_tokens`: the most tokens one of its steps may hold (default ``max_num_batched_tokens``;
       None for a policy with a budget of its own, e.g. Orca's whole prompts).
+    - :meth:`head_stays_blocked`: its admission rule for a fast-forward jump through a completion (default: cannot
+      tell, so a jump with requests waiting ends at its first completion).
     """
 
     name = "scheduler"
@@ -278,6 +283,16 @@ class SchedulerBase:
 
     def schedule(self, engine: EngineView) -> SchedulerOutput:  # pragma: no cover - every policy overrides it
         raise NotImplementedError
+
+    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_decodes: int,
+                           num_free_blocks: int) -> bool:
+        """Whether a schedule made during a stretch of pure decodes would still not admit the waiting ``head``
+        (the request the last real schedule showed blocked): ``num_running`` requests in the running list,
+        ``num_decodes`` of them scheduled for one token each before admission (phase 1), and ``num_free_blocks``
+        free KV blocks after their allocations. A fast-forward jump goes on through a completion (which frees
+        blocks and a ``max_num_seqs`` slot) only when this says True (lab/engine/fastforward.py); answer True only
+        when sure, False when the head would be admitted or the policy cannot tell. Default: False."""
+        return False
 
 
 class InstanceView(Protocol):

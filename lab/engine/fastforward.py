@@ -30,7 +30,7 @@ The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds two cases
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from itertools import accumulate
 
 import numpy as np
@@ -55,7 +55,8 @@ class Plan:
 
     __slots__ = ("reqs", "rem", "computed0", "outputs0", "num_schedules", "dts", "ends", "events", "start", "first",
                  "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "used", "finish_at", "sizes",
-                 "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list", "arrivals")
+                 "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list", "arrivals",
+                 "admit_after")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -132,12 +133,14 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
     # (the next schedule may admit one).
     k = max(rem)
     # a closed-loop client sends its next request at a completion; a hand-off enters another pool at it
-    if waiting or inst.finish_triggers_arrival or inst.hands_off:
+    if inst.finish_triggers_arrival or inst.hands_off:
         k = min(k, min(fin) + 1)
     k = min(k, MAX_JUMP_STEPS)
     if k < 2:
         return None
-    k = _kv_bound(computed0, rem, k, bs, len(kv.pool.free_queue))  # before pricing: the bound is often 0 or 1
+    # KV and, with requests waiting, admission at completions bound the jump (before pricing: often to 0 or 1)
+    k, admit_after = _bound(inst, inst.waiting.peek() if waiting else None, running, computed0, rem, fin, k, bs,
+                            len(kv.pool.free_queue), async_)
     if k < 2:
         return None
     # Step times of schedules 0..k-1. Request i takes part while j < rem[i], so with requests sorted by rem the
@@ -223,39 +226,98 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
         if f < k:
             finish_at.setdefault(f, []).append(i)
     p.finish_at = finish_at
+    p.admit_after = admit_after
     p._counts = counts[:k]
     p.block_size = bs
     p.caching_unique = unique if caching else [False] * len(unique)
     return p
 
 
-def _kv_bound(computed0: list[int], rem: list[int], k: int, bs: int, free: int) -> int:
-    """The first of schedules 0..k-1 whose new blocks (frees during the jump not counted, which only makes the
-    bound safe) would exceed ``free`` blocks and so preempt, or ``k`` when all fit.
+def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin: list[int], k: int, bs: int,
+           free: int, async_: bool) -> tuple[int, int | None]:
+    """How many of schedules 0..k-1 the jump may make: ``(k', f)``, where ``f`` is the completion step after which
+    the next schedule may admit the waiting ``head`` (the jump then ends with that step, ``k' = f + 1``), or None.
 
-    Request i takes a block at schedules j0, j0 + bs, ... below min(rem_i, k), j0 = -C_i mod bs, so the blocks
-    taken by schedules 0..m-1 number ``_new_blocks(m)``, non-decreasing in m; the answer is the largest m <= k with
-    ``_new_blocks(m) <= free`` (binary search: O(len(rem) log k)). It does not depend on ``k`` beyond it, so the
-    bound may be taken before the jump's length is known."""
-    def new_blocks(m: int) -> int:
+    KV: request i takes a block at schedules j0, j0 + bs, ... below rem_i (j0 = -C_i mod bs), and a request
+    completing at the output of step f_i frees all its blocks for schedule f_i + 1 on; schedule j preempts when
+    the blocks taken by schedules 0..j exceed ``free`` plus those freed by then, so the jump stops before it.
+    Between completions the blocks taken only grow, so the first such schedule is found by binary search.
+
+    Admission: with requests waiting behind ``head`` (shown blocked by the last real schedule), a schedule between
+    completions cannot admit it (free blocks only shrink, the budget and ``max_num_seqs`` slots do not grow); at a
+    completion the scheduler's :meth:`~lab.core.sched_api.SchedulerBase.head_stays_blocked` decides, from the
+    running count, the decodes of the next schedule and its free blocks after their allocations, whether the
+    jump goes on. The completion ending the jump is also ``f`` when the jump's length cut it (the next schedule
+    has not been checked)."""
+    j0s = [(-c) % bs for c in computed0]
+
+    def new_blocks(m: int) -> int:  # blocks taken by schedules 0..m-1
         total = 0
-        for c, r in zip(computed0, rem):
+        for j0, r in zip(j0s, rem):
             top = r if r < m else m
-            j0 = (-c) % bs
             if top > j0:
                 total += (top - j0 + bs - 1) // bs
         return total
 
-    if new_blocks(k) <= free:  # the common case
-        return k
-    lo, hi = 0, k  # new_blocks(lo) <= free < new_blocks(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if new_blocks(mid) <= free:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    def first_overflow(a: int, b: int, avail: int) -> int | None:  # first j in a..b with new_blocks(j+1) > avail
+        if new_blocks(b + 1) <= avail:
+            return None
+        lo, hi = a - 1, b
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if new_blocks(mid + 1) > avail:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    if head is None and new_blocks(k) <= free:
+        return k, None  # the common case without requests waiting: everything fits, frees aside
+    n = len(rem)
+    caching = inst.kv.enable_prefix_caching
+    ref_cnt = inst.kv.pool.ref_cnt
+    ref_left: dict[int, int] = {}  # holders left of shared blocks whose holders complete during the jump
+    fin_sorted = sorted(fin)
+    order = sorted(range(n), key=fin.__getitem__)
+    freed = 0
+    a = 0
+    pos = 0
+    while True:
+        f = fin_sorted[pos] if pos < n else k
+        j = first_overflow(a, min(f, k - 1), free + freed) if min(f, k - 1) >= a else None
+        if j is not None:
+            return j, None
+        if f + 1 >= k:
+            return k, (f if f < k and head is not None else None)
+        while pos < n and fin_sorted[pos] == f:  # completions at the output of step f free their blocks
+            i = order[pos]
+            j0, r = j0s[i], rem[i]
+            freed += _blocks_freed(running[i], ref_cnt, ref_left, caching) + ((r - j0 + bs - 1) // bs if r > j0 else 0)
+            pos += 1
+        a = f + 1
+        if head is not None:
+            num_decodes = n - (bisect_right(fin_sorted, f + 1) if async_ else pos)
+            avail = free + freed - new_blocks(f + 2)
+            if avail < 0:
+                continue  # schedule f + 1 preempts before admitting: the next segment stops there
+            if not inst.scheduler.head_stays_blocked(inst, head, n - pos, num_decodes, avail):
+                return f + 1, f
+
+
+def _blocks_freed(request, ref_cnt: list[int], ref_left: dict[int, int], caching: bool) -> int:
+    """Blocks a completing request's held blocks free (those the jump allocates are its own): all of them unless
+    prefix caching may share them, then those it is the last holder of (``ref_cnt``: the pool's counts;
+    ``ref_left``: holders left of the blocks of requests already completed in the jump, updated)."""
+    if not caching or unique_content(request):
+        return len(request.blocks)
+    freed = 0
+    for b in request.blocks:
+        left = ref_left.get(b)
+        left = (ref_cnt[b] if left is None else left) - 1
+        ref_left[b] = left
+        if not left:
+            freed += 1
+    return freed
 
 
 _PAD_TABLES: dict[tuple, tuple] = {}
@@ -482,8 +544,8 @@ def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
     for i in done:
         inst.complete(plan.reqs[i], end)
     inst.running = [r for r in inst.running if r.status == RequestStatus.RUNNING]
-    if plan.num_waiting:
-        inst.steady = False
+    if plan.num_waiting and q == plan.admit_after:
+        inst.steady = False  # the schedule after this completion may admit: it is a real one
 
 
 def absorb_arrival(plan: Plan, t: float, stable_until: float) -> bool:
