@@ -447,15 +447,24 @@ class KVCacheManager:
 
     def blocks_to_admit(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0,
                         full_sequence_must_fit: bool = False) -> int | None:
-        """The free blocks, beyond any reserve, ``allocate_slots(request, num_new_tokens, None, 0,
-        num_lookahead_tokens, full_sequence_must_fit, reserved_blocks)`` needs to succeed for a waiting request
-        with no prefix hit: ``ceil(min(C + n + lookahead, max_model_len) / block_size) - held`` (at least 0) and,
-        with ``full_sequence_must_fit``, at least ``ceil(num_tokens / block_size) - held`` (the conditions of
-        :meth:`allocate_slots`). None when its prefix hits could change as blocks are handed out and registered
-        (prefix caching on, unless its content is unique and it left no blocks behind), so the count cannot be
-        known ahead of its schedule."""
-        if self.enable_prefix_caching and not (unique_content(request) and request.prev_blocks is None):
-            return None
+        """The free blocks, beyond any reserve, a waiting request needs for its admission with ``num_new_tokens``
+        tokens to compute to succeed (:meth:`allocate_slots` with its prefix hits, ``num_lookahead_tokens``,
+        ``full_sequence_must_fit`` and ``reserved_blocks``): ``ceil(min(C + n + lookahead, max_model_len) /
+        block_size) - held`` (at least 0) and, with ``full_sequence_must_fit``, at least ``ceil(num_tokens /
+        block_size) - held``, for a request without prefix hits.
+
+        Hits that are its own blocks freed by a preemption (unique content) change nothing when ``num_new_tokens``
+        is its whole sequence (``num_tokens``): h hit blocks are free, so they count against the free blocks as
+        h new ones would, and the tokens to compute shrink by as many as they hold. Such hits come and go as the
+        free queue hands blocks out, so this is the count whatever they are by the time of the schedule.
+
+        Returns None when the count depends on hits that may change before the schedule: content others may
+        share under prefix caching, or its own freed blocks with fewer than its whole sequence to compute."""
+        if self.enable_prefix_caching:
+            if not unique_content(request):
+                return None
+            if request.prev_blocks is not None and num_new_tokens < request.num_tokens:
+                return None
         bs = self.block_size
         held = len(request.blocks)
         total = request.num_computed_tokens + num_new_tokens + num_lookahead_tokens

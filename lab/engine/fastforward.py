@@ -71,7 +71,7 @@ class Plan:
 def steady_batch(inst) -> bool:
     """Whether the instance's state allows a jump now (see the module docstring)."""
     running = inst.running
-    if not running or not (inst.steady or not inst.waiting):
+    if not running or not (inst.steady or inst.head_unverified or not inst.waiting):
         return False  # with requests waiting, the last real schedule must have shown them blocked
     cfg = inst.config
     B = len(running)
@@ -85,9 +85,10 @@ def steady_batch(inst) -> bool:
     return True
 
 
-def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
+def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool = False) -> Plan | None:
     """Plan a jump from now, or return None when fewer than two steps qualify. ``first``: under async scheduling,
-    the step in flight (it executes as the jump's step 0)."""
+    the step in flight (it executes as the jump's step 0). ``check_head``: a completion came after the last
+    schedule that showed the waiting head blocked, so schedule 0 must be checked to leave it blocked too."""
     env_now = inst.now
     running = inst.running
     kv = inst.kv
@@ -140,7 +141,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
         return None
     # KV and, with requests waiting, admission at completions bound the jump (before pricing: often to 0 or 1)
     k, admit_after = _bound(inst, inst.waiting.peek() if waiting else None, running, computed0, rem, fin, k, bs,
-                            len(kv.pool.free_queue), async_)
+                            len(kv.pool.free_queue), async_, check_head)
     if k < 2:
         return None
     # Step times of schedules 0..k-1. Request i takes part while j < rem[i], so with requests sorted by rem the
@@ -234,7 +235,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None) -> Plan | None:
 
 
 def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin: list[int], k: int, bs: int,
-           free: int, async_: bool) -> tuple[int, int | None]:
+           free: int, async_: bool, check_head: bool = False) -> tuple[int, int | None]:
     """How many of schedules 0..k-1 the jump may make: ``(k', f)``, where ``f`` is the completion step after which
     the next schedule may admit the waiting ``head`` (the jump then ends with that step, ``k' = f + 1``), or None.
 
@@ -248,7 +249,8 @@ def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin:
     completion the scheduler's :meth:`~lab.core.sched_api.SchedulerBase.head_stays_blocked` decides, from the
     running count, the decodes of the next schedule and its free blocks after their allocations, whether the
     jump goes on. The completion ending the jump is also ``f`` when the jump's length cut it (the next schedule
-    has not been checked)."""
+    has not been checked). With ``check_head``, schedule 0 is checked the same way first (a completion came
+    after the last schedule that showed the head blocked)."""
     j0s = [(-c) % bs for c in computed0]
 
     def new_blocks(m: int) -> int:  # blocks taken by schedules 0..m-1
@@ -274,6 +276,11 @@ def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin:
     if head is None and new_blocks(k) <= free:
         return k, None  # the common case without requests waiting: everything fits, frees aside
     n = len(rem)
+    if check_head and head is not None:
+        avail = free - new_blocks(1)
+        num_decodes = sum(1 for r in rem if r > 0)
+        if avail >= 0 and not inst.scheduler.head_stays_blocked(inst, head, n, num_decodes, avail):
+            return 0, None  # (avail < 0: schedule 0 preempts, found below)
     caching = inst.kv.enable_prefix_caching
     ref_cnt = inst.kv.pool.ref_cnt
     ref_left: dict[int, int] = {}  # holders left of shared blocks whose holders complete during the jump

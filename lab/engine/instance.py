@@ -164,6 +164,9 @@ class Instance:
         # fast-forward state (lab/engine/fastforward.py)
         self.stop_time = float("inf")
         self.steady = False
+        # a completion came after the last schedule that showed the waiting head blocked: a jump may still start if
+        # the scheduler says the next schedule leaves it blocked (fastforward.plan checks it at schedule 0)
+        self.head_unverified = False
         self._admitted = 0
         self._plan: ff.Plan | None = None
         self._cont = None
@@ -431,7 +434,7 @@ class Instance:
         """Bring a jump under way up to date for an arrival; True when the arrival falls in the jump's last step
         and is counted there instead."""
         p = self._plan
-        self.steady = False
+        self.steady = self.head_unverified = False
         if p is not None:
             if self.env.now > (p.start if p.num_schedules == 1 else p.ends_list[p.num_schedules - 2]):
                 # It arrives during the jump's last step, whose schedule is already made: nothing before the jump
@@ -553,6 +556,7 @@ class Instance:
             SchedulerContractError: the schedule breaks the scheduler contract (lab/core/sched_api.py).
         """
         self._admitted = 0
+        self.head_unverified = False
         if self.remote_pending:
             self._start_remote_loads()
         try:
@@ -764,6 +768,7 @@ class Instance:
             loaded, self._loaded = self._loaded, []
             self._admit_loaded(loaded)
         if finished:
+            self.head_unverified = self.steady and bool(self.waiting)
             self.steady = False
             self.running = [r for r in self.running if r.status is _RUNNING]
         times = step.stage_times
@@ -823,8 +828,13 @@ class Instance:
         stop = self.stop_time
         if self.waiting:
             stop = min(stop, self.waiting.order_stable_until())  # a jump ends before the waiting order can change
-        p = ff.plan(self, stop, first)
-        return None if p is None else (p, first)
+        check_head = not self.steady  # steady_batch let it through on head_unverified
+        p = ff.plan(self, stop, first, check_head)
+        if p is None:
+            return None
+        if check_head:
+            self.steady, self.head_unverified = True, False  # every schedule of the jump leaves the head blocked
+        return p, first
 
     def _jump(self, p: ff.Plan, first: ScheduledStep | None):
         """Run one fast-forward jump; yields SimPy events. Leaves the window as step-by-step simulation would."""
