@@ -10,10 +10,13 @@ context crosses a block boundary, a block's hash registered when it fills, a fin
 per-request counters and per-step records in bulk, so its results equal step-by-step simulation exactly
 (tests/test_fastforward.py checks it on random workloads, clusters and horizons).
 
-A jump stops before the first schedule whose new blocks could exceed the free blocks (a preemption; frees during
-the jump are not counted, which only makes this bound safe), at the horizon, and, when requests are waiting, right
-after the first completion (a freed slot or blocks may admit one). An arrival during a jump materialises the steps
-completed by then and the step under way continues normally. ``simulation.fast_forward: false`` turns it off.
+A jump stops before the first schedule whose new blocks would exceed the free blocks (a preemption; the blocks
+completions free count from the next schedule on) and at the horizon. When requests are waiting, a completion frees
+blocks and a ``max_num_seqs`` slot, so the next schedule may admit the waiting head: the scheduler's declared
+admission rule (``SchedulerBase.head_stays_blocked``, given the running count, the next schedule's decodes and its
+free blocks after their allocations) says whether the jump goes on through it; otherwise (or for a policy that
+cannot tell) the jump ends right after that completion. An arrival during a jump materialises the steps completed
+by then and the step under way continues normally. ``simulation.fast_forward: false`` turns it off.
 
 The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds two cases, both exact:
 
@@ -26,6 +29,8 @@ The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds two cases
   jump goes on and counts it in the waiting column of the steps ending after it (:func:`absorb_arrival`); an
   arrival that becomes the head, or a queue whose order may change before the jump ends, materialises as before.
   With requests waiting, plans are therefore not cut at the expected next arrival.
+- A real step that completes requests while the head is blocked does not force the next step to be real either:
+  the next plan checks its first schedule with the same admission rule (``Instance.head_unverified``).
 """
 
 from __future__ import annotations
