@@ -192,3 +192,56 @@ def test_handing_out_a_block_forgets_its_hash_and_keeps_other_blocks_with_the_sa
     assert pool.get_new_blocks(1) == [a] and pool.block_hash[a] is None
     assert pool.cached[7] == b and pool.lookup(7) == b  # back to a plain entry with the one block left
     assert pool.free_queue.stale == 1 and pool.num_free_blocks == 0
+
+
+def test_free_queue_matches_a_plain_list_through_prepends_takes_and_lazy_removals():
+    # The queue keeps a gap in front for prepends and drops taken entries now and then; whatever it does inside,
+    # its blocks from head to tail must be those of a plain list put through the same operations.
+    import random
+
+    from lab.core.kv_cache import FreeBlockQueue
+
+    rng = random.Random(7)
+    num_blocks = 12000
+    free_seq = [-1] * num_blocks
+    regaps = []
+
+    class Counting(FreeBlockQueue):
+        __slots__ = ()
+
+        def _regap(self) -> None:
+            regaps.append(self.head)  # 0: a prepend found no room; > 0: taken entries dropped
+            super()._regap()
+
+    fq = Counting(free_seq, range(1, 1001))
+    model = list(range(1, 1001))
+    held = list(range(1001, num_blocks))  # blocks outside the queue
+    for _ in range(20000):
+        op = rng.random()
+        if op < 0.3 and held:
+            b = held.pop(rng.randrange(len(held)))
+            if rng.random() < 0.5:
+                fq.appendleft(b)
+                model.insert(0, b)
+            else:
+                fq.append(b)
+                model.append(b)
+        elif op < 0.45 and model:
+            b = model.pop(rng.randrange(len(model)))  # a prefix hit takes it out of the middle
+            fq.remove(b)
+            held.append(b)
+        elif op < 0.75 and model:
+            n = rng.randint(1, min(5, len(model)))
+            got = fq.take(n) if not fq.stale else [fq.popleft() for _ in range(n)]
+            assert got == model[:n]
+            del model[:n]
+            held += got
+        elif model:
+            b = model.pop(0)
+            assert fq.popleft() == b
+            held.append(b)
+    for b in held[:6000]:  # more prepends in a row than the room in front of the head
+        fq.appendleft(b)
+        model.insert(0, b)
+    assert fq.blocks() == model and len(fq) == len(model)
+    assert 0 in regaps and max(regaps) > 0  # both ways of restoring the gap were taken

@@ -1,14 +1,13 @@
 """Paged KV cache with prefix caching, as vLLM V1's block pool and KV cache manager behave.
 
 Sources: vllm/v1/core/block_pool.py, kv_cache_manager.py and single_type_kv_cache_manager.py, summarised in
-shared/specs/vllm-v1-scheduling.md §2. The free queue is a deque with lazy removal (head = next block to hand out
+shared/specs/vllm-v1-scheduling.md §2. The free queue is a queue with lazy removal (head = next block to hand out
 and to evict; O(1) pop, removal from the middle, append and prepend), block 0 is the reserved null block, and a
 block keeps its hash after it is freed, so a later lookup can hit it until the block is handed out again.
 """
 
 from __future__ import annotations
 
-from collections import deque
 
 from lab.core.remote_kv import PinnedBlocks
 from lab.core.request import Request
@@ -29,23 +28,28 @@ Block = int
 class FreeBlockQueue:
     """The free-block queue: head = next block to hand out (and evict), tail = most recently freed.
 
-    A deque of (sequence number, block id) entries with lazy removal: taking a free block out of the middle (a
-    prefix hit) only marks its entry stale (``free_seq[b] = -1``), and stale entries are skipped when they reach
-    the head. O(1) everything, and cheaper than a linked list per block (vLLM ``FreeKVCacheBlockQueue`` has the same
-    interface). ``free_seq`` is the pool's list: the sequence number of each block's live entry (-1: none).
+    Entries (block id, sequence number) in two parallel lists read from index ``head`` on, with a gap kept in
+    front for prepends: taking ``n`` blocks from the head is one slice, and freeing a request's blocks at the tail
+    one ``extend`` (no object per entry). Removal is lazy: taking a free block out of the middle (a prefix hit) only
+    marks its entry stale (``free_seq[b] = -1``), and stale entries are skipped when they reach the head. O(1)
+    amortised everything, like vLLM's ``FreeKVCacheBlockQueue`` (a doubly linked list) with the same interface.
+    ``free_seq`` is the pool's list: the sequence number of each block's live entry (-1: none).
     """
 
-    __slots__ = ("_q", "_seq", "n", "stale", "free_seq")
+    __slots__ = ("ids", "seqs", "head", "_seq", "n", "stale", "free_seq")
+    GAP = 1024  # free slots kept in front of the head for prepends
 
     def __init__(self, free_seq: list[int], block_ids: range) -> None:
         """Queue ``block_ids`` (a range of step 1) head to tail, with sequence numbers 1, 2, ..."""
         n = len(block_ids)
         free_seq[block_ids.start:block_ids.stop] = range(1, n + 1)
         self.free_seq = free_seq
-        self._q: deque = deque(zip(range(1, n + 1), block_ids))
+        self.ids = [0] * self.GAP + list(block_ids)
+        self.seqs = [0] * self.GAP + list(range(1, n + 1))
+        self.head = self.GAP
         self._seq = n
         self.n = n
-        self.stale = 0  # stale entries still in the deque; while 0, popped entries need no check
+        self.stale = 0  # stale entries still queued; while 0, entries taken from the head need no check
 
     def __len__(self) -> int:
         return self.n
@@ -53,14 +57,43 @@ class FreeBlockQueue:
     def append(self, b: int) -> None:
         s = self._seq = self._seq + 1
         self.free_seq[b] = s
-        self._q.append((s, b))
+        self.ids.append(b)
+        self.seqs.append(s)
         self.n += 1
 
     def appendleft(self, b: int) -> None:
         s = self._seq = self._seq + 1
         self.free_seq[b] = s
-        self._q.appendleft((s, b))
+        h = self.head
+        if not h:
+            self._regap()
+            h = self.head
+        h -= 1
+        self.ids[h] = b
+        self.seqs[h] = s
+        self.head = h
         self.n += 1
+
+    def _regap(self) -> None:
+        """Restore the gap in front of the head (dropping the entries already taken)."""
+        h = self.head
+        gap = [0] * self.GAP
+        self.ids = gap + self.ids[h:]
+        self.seqs = gap + self.seqs[h:]
+        self.head = self.GAP
+
+    def take(self, n: int) -> list[int]:
+        """The ``n`` block ids at the head, removed (no stale entry among them: callers check ``stale``)."""
+        h = self.head
+        out = self.ids[h:h + n]
+        h += n
+        self.n -= n
+        if h > 4 * self.GAP and h > len(self.ids) >> 1:
+            self.head = h
+            self._regap()
+        else:
+            self.head = h
+        return out
 
     def remove(self, b: int) -> None:
         self.free_seq[b] = -1
@@ -68,11 +101,14 @@ class FreeBlockQueue:
         self.stale += 1
 
     def popleft(self) -> int:
-        pop = self._q.popleft
-        fs = self.free_seq
+        ids, seqs, fs = self.ids, self.seqs, self.free_seq
+        h = self.head
         while True:
-            s, b = pop()
+            b = ids[h]
+            s = seqs[h]
+            h += 1
             if fs[b] == s:
+                self.head = h
                 self.n -= 1
                 return b
             self.stale -= 1
@@ -80,7 +116,8 @@ class FreeBlockQueue:
     def blocks(self) -> list[int]:
         """The free block ids from head to tail (for inspection)."""
         fs = self.free_seq
-        return [b for s, b in self._q if fs[b] == s]
+        h = self.head
+        return [b for b, s in zip(self.ids[h:], self.seqs[h:]) if fs[b] == s]
 
 
 class BlockPool:
@@ -152,9 +189,7 @@ class BlockPool:
             popleft = fq.popleft  # skips the entries left behind by blocks taken out of the queue (prefix hits)
             out = [popleft() for _ in range(n)]
         else:
-            pop = fq._q.popleft
-            out = [pop()[1] for _ in range(n)]
-            fq.n -= n
+            out = fq.take(n)
         rc = self.ref_cnt
         for b in out:
             rc[b] = 1
@@ -170,7 +205,9 @@ class BlockPool:
         fq = self.free_queue
         if fq.stale or not fq.n:
             return self.get_new_blocks(1)[0]
-        b = fq._q.popleft()[1]
+        h = fq.head
+        b = fq.ids[h]
+        fq.head = h + 1
         fq.n -= 1
         self.ref_cnt[b] = 1
         if self.block_hash[b] is not None:
@@ -209,26 +246,17 @@ class BlockPool:
         the head if it has none and ``prepend_unhashed`` (reused first).
         """
         fq = self.free_queue
-        q = fq._q
         prepend = self.prepend_unhashed
         rc = self.ref_cnt
-        fs = self.free_seq
         bh = self.block_hash
-        seq = fq._seq
-        n = 0
         for b in blocks:
             c = rc[b] - 1
             rc[b] = c
             if not c:
-                seq += 1
-                fs[b] = seq
                 if prepend and bh[b] is None:
-                    q.appendleft((seq, b))
+                    fq.appendleft(b)
                 else:
-                    q.append((seq, b))
-                n += 1
-        fq._seq = seq
-        fq.n += n
+                    fq.append(b)
 
     def free_unique(self, blocks: list[int], num_full: int) -> range:
         """Free the blocks of a request whose content is unique (each held by it alone), last block first: the
@@ -236,30 +264,24 @@ class BlockPool:
         Returns the free-queue sequence numbers of the full blocks, in the request's block order (how a resumed
         request recognises its own)."""
         fq = self.free_queue
-        q = fq._q
         rc = self.ref_cnt
-        fs = self.free_seq
-        seq = fq._seq
-        n = len(blocks)
         partial = blocks[num_full:]
         if partial:
-            tail_first = not self.prepend_unhashed
+            put = fq.append if not self.prepend_unhashed else fq.appendleft
             for b in reversed(partial):
-                seq += 1
                 rc[b] = 0
-                fs[b] = seq
-                if tail_first:
-                    q.append((seq, b))
-                else:
-                    q.appendleft((seq, b))
+                put(b)
+        seq = fq._seq
         full_rev = blocks[num_full - 1::-1] if num_full else []
         nums = range(seq + 1, seq + 1 + num_full)
-        q.extend(zip(nums, full_rev))
+        fq.ids.extend(full_rev)
+        fq.seqs.extend(nums)
+        fs = self.free_seq
         for b, s in zip(full_rev, nums):
             rc[b] = 0
             fs[b] = s
         fq._seq = seq + num_full
-        fq.n += n
+        fq.n += num_full
         return nums[::-1]
 
     def cache_block(self, b: int, block_hash: int) -> None:
