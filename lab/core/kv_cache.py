@@ -8,6 +8,8 @@ block keeps its hash after it is freed, so a later lookup can hit it until the b
 
 from __future__ import annotations
 
+from array import array
+
 
 from lab.core.remote_kv import PinnedBlocks
 from lab.core.request import Request
@@ -18,10 +20,11 @@ def unique_content(request: Request) -> bool:
     return request.prompt_token_ids is None and request.hash_ids is None
 
 
-# A KV block is its id, an int in 0..num_gpu_blocks-1 (0 is the reserved null block): ``block_size`` token slots of
-# every layer on the rank. Its state lives in the pool's per-block lists (``ref_cnt``, ``free_seq``, ``block_hash``,
-# ``in_map``), indexed by id: dense lists touch far less memory than one object per block (with 16 instances of
-# ~30,000 blocks each, freeing a request's ~100 scattered block objects cost ~40 us, mostly cache misses).
+# A KV block is its id, an int in 0..num_gpu_blocks-1 (0 is the reserved null block): ``block_size`` token slots
+# of every layer on the rank. Its state lives in the pool's per-block sequences (``ref_cnt``, ``free_seq``,
+# ``block_hash``, ``in_map``), indexed by id: dense storage touches far less memory than one object per block
+# (with 16 instances of ~30,000 blocks each, freeing a request's ~100 scattered block objects cost ~40 us, mostly
+# cache misses).
 Block = int
 
 
@@ -33,7 +36,9 @@ class FreeBlockQueue:
     one ``extend`` (no object per entry). Removal is lazy: taking a free block out of the middle (a prefix hit) only
     marks its entry stale (``free_seq[b] = -1``), and stale entries are skipped when they reach the head. O(1)
     amortised everything, like vLLM's ``FreeKVCacheBlockQueue`` (a doubly linked list) with the same interface.
-    ``free_seq`` is the pool's list: the sequence number of each block's live entry (-1: none).
+    ``free_seq`` is the pool's int64 array: the sequence number of each block's live entry (-1: none); machine
+    integers, not int objects, so storing a freed block's number releases no object elsewhere in the heap (with 16
+    pools of ~30,000 blocks, a list made freeing 13 % of a 100,000-request run against 9 % for the array).
     """
 
     __slots__ = ("ids", "seqs", "head", "_seq", "n", "stale", "free_seq")
@@ -42,7 +47,7 @@ class FreeBlockQueue:
     def __init__(self, free_seq: list[int], block_ids: range) -> None:
         """Queue ``block_ids`` (a range of step 1) head to tail, with sequence numbers 1, 2, ..."""
         n = len(block_ids)
-        free_seq[block_ids.start:block_ids.stop] = range(1, n + 1)
+        free_seq[block_ids.start:block_ids.stop] = array("q", range(1, n + 1))
         self.free_seq = free_seq
         self.ids = [0] * self.GAP + list(block_ids)
         self.seqs = [0] * self.GAP + list(range(1, n + 1))
@@ -145,7 +150,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.prepend_unhashed = prepend_unhashed
         self.ref_cnt = [0] * num_gpu_blocks
-        self.free_seq = [-1] * num_gpu_blocks
+        self.free_seq = array("q", [-1]) * num_gpu_blocks
         self.block_hash: list[int | None] = [None] * num_gpu_blocks
         self.in_map = bytearray(num_gpu_blocks)
         self.null_block = 0
