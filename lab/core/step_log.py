@@ -192,21 +192,23 @@ class StepLog:
         (c_start, c_dur, c_sched, c_pre, c_dec, c_batch, c_used, c_run, c_wait, c_pree, c_out,
          c_xfer, c_slot, c_stage) = self._cols
         c_start.extend(start)
-        c_dur.extend(duration)
-        c_sched.extend(batch)
-        zeros = [0.0] * n
+        durations = array("d", duration)  # each list converted once, then copied
+        c_dur.extend(durations)
+        batches = array("d", batch)
+        c_sched.extend(batches)
+        zeros = array("d", bytes(8 * n))
         c_pre.extend(zeros)
-        c_dec.extend(batch)
-        c_batch.extend(batch)
+        c_dec.extend(batches)
+        c_batch.extend(batches)
         c_used.extend(used)
-        c_run.extend([running] * n)
-        c_wait.extend([waiting] * n if isinstance(waiting, int) else waiting)
+        c_run.extend(array("d", (running,)) * n)
+        c_wait.extend(array("d", (waiting,)) * n if isinstance(waiting, int) else waiting)
         c_pree.extend(zeros)
-        c_out.extend(batch)
+        c_out.extend(batches)
         c_xfer.extend(zeros)
         slots = self.num_slots
         c_slot.extend(zeros if slots == 1 else [(len(self) - n + i) % slots for i in range(n)])
-        c_stage.extend(duration)
+        c_stage.extend(durations)
 
     def add_waiting(self, count: int) -> None:
         """Count ``count`` more waiting requests in the last row (arrivals during a fast-forward jump's last step)."""
