@@ -247,3 +247,40 @@ def test_free_queue_matches_a_plain_list_through_prepends_takes_and_lazy_removal
         model.insert(0, b)
     assert fq.blocks() == model and len(fq) == len(model)
     assert 0 in regaps and max(regaps) > 0  # both ways of restoring the gap were taken
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(blocks=st.integers(8, 60), bs=st.sampled_from([1, 4, 16]), caching=st.booleans(),
+       prompt=st.integers(1, 300), computed_before=st.integers(0, 300), others=st.lists(st.integers(1, 200), max_size=4),
+       lookahead=st.integers(0, 5), gate=st.booleans(), reserve=st.integers(0, 4), preempted=st.booleans(),
+       chunk=st.integers(1, 300))
+def test_blocks_to_admit_is_exactly_what_allocate_slots_needs(blocks, bs, caching, prompt, computed_before, others,
+                                                             lookahead, gate, reserve, preempted, chunk):
+    # The fast-forward asks blocks_to_admit whether a waiting head would be admitted (head_stays_blocked); it must
+    # agree with allocate_slots on every state, including a head whose own freed blocks may still hit (and may have
+    # been handed out since, in part) and a pool shared with other requests.
+    kv = KVCacheManager(blocks, bs, 4096, enable_prefix_caching=caching)
+    head = Request(0, 0.0, prompt, 8)
+    if preempted and kv.allocate_slots(head, min(prompt, max(1, computed_before))):
+        head.num_computed_tokens = min(prompt, max(1, computed_before))
+        kv.free(head)  # preempted by recompute: its full blocks stay cached for it while untouched
+        head.num_computed_tokens = 0
+    for i, n in enumerate(others):
+        r = Request(i + 1, 0.0, n, 8)
+        kv.allocate_slots(r, n)  # may take some of the head's freed blocks, or fail
+    hits, num_hit = kv.get_computed_blocks(head)
+    n = head.num_tokens - num_hit  # its whole sequence, as hits leave it
+    if head.prev_blocks is None:
+        n = min(n, chunk)  # no hits possible: any chunk (a budget or threshold cap) is known exactly
+    asked = head.num_tokens if head.prev_blocks is not None else n
+    need = kv.blocks_to_admit(head, asked, lookahead, gate)
+    assert need is not None  # unique content: the count never depends on what its hits turn out to be
+    fits = need <= kv.num_free_blocks - reserve
+    assert kv.allocate_slots(head, n, hits, num_hit, lookahead, full_sequence_must_fit=gate,
+                             reserved_blocks=reserve) == fits
+    if caching and head.prev_blocks is not None:
+        assert kv.blocks_to_admit(head, head.num_tokens - 1, lookahead, gate) is None  # a chunk would depend on hits
