@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from array import array
 
-
 from lab.core.remote_kv import PinnedBlocks
 from lab.core.request import Request
 
@@ -37,14 +36,14 @@ class FreeBlockQueue:
     marks its entry stale (``free_seq[b] = -1``), and stale entries are skipped when they reach the head. O(1)
     amortised everything, like vLLM's ``FreeKVCacheBlockQueue`` (a doubly linked list) with the same interface.
     ``free_seq`` is the pool's int64 array: the sequence number of each block's live entry (-1: none); machine
-    integers, not int objects, so storing a freed block's number releases no object elsewhere in the heap (with 16
-    pools of ~30,000 blocks, a list made freeing 13 % of a 100,000-request run against 9 % for the array).
+    integers, not int objects, so storing a freed block's number releases no object elsewhere in the heap (16
+    pools of ~30,000 blocks, 100,000 requests: 24.0 s of simulation with a list, 21.3 s with the array).
     """
 
     __slots__ = ("ids", "seqs", "head", "_seq", "n", "stale", "free_seq")
     GAP = 1024  # free slots kept in front of the head for prepends
 
-    def __init__(self, free_seq: list[int], block_ids: range) -> None:
+    def __init__(self, free_seq: array, block_ids: range) -> None:
         """Queue ``block_ids`` (a range of step 1) head to tail, with sequence numbers 1, 2, ..."""
         n = len(block_ids)
         free_seq[block_ids.start:block_ids.stop] = array("q", range(1, n + 1))
