@@ -57,7 +57,10 @@ class SarathiScheduler(SchedulerBase):
         """Pass 3's decision on ``head`` for a schedule whose pass 1 only decoded (see
         :meth:`SchedulerBase.head_stays_blocked`): blocked by ``max_num_seqs``, by no budget left after the
         decodes, or by KV (blocks for its whole prompt, ``KVCacheManager.blocks_to_admit``, above the free blocks
-        less the watermark). False (cannot tell) for a swapped-out head or prefix hits that may change."""
+        less the watermark). False (cannot tell) for a swapped-out head, prefix hits that may change, or a
+        subclass with a schedule of its own (this rule describes this class's :meth:`schedule`)."""
+        if type(self).schedule is not SarathiScheduler.schedule:
+            return False
         if num_running >= engine.config.max_num_seqs:
             return True
         if self.options.chunk_size - num_decodes <= 0:

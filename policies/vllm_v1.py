@@ -172,7 +172,10 @@ class VLLMV1Scheduler(SchedulerBase):
         :meth:`SchedulerBase.head_stays_blocked`): blocked by ``max_num_seqs``, by no budget left, by a prompt
         that does not fit the budget without chunked prefill, or by KV (its blocks, from
         ``KVCacheManager.blocks_to_admit``, above the free blocks less the watermark). False (cannot tell) with
-        a CPU KV tier, a swapped-out head, prefix hits that may change, or a padded one-token admission."""
+        a CPU KV tier, a swapped-out head, prefix hits that may change, or a padded one-token admission, and for a
+        subclass with an admission phase of its own (this rule describes this class's :meth:`schedule_waiting`)."""
+        if type(self).schedule_waiting is not VLLMV1Scheduler.schedule_waiting:
+            return False
         cfg = engine.config
         if num_running >= cfg.max_num_seqs:
             return True

@@ -326,3 +326,29 @@ def test_fast_forward_goes_on_through_completions_that_leave_the_head_blocked_by
     assert verdicts.count(True) >= 2 and False in verdicts  # blocked through completions, then admitted
     assert SchedulerBase.head_stays_blocked(None, None, None, 1, 1, 1) is False  # the default: cannot tell
     assert res.requests[5].finish_time is not None
+
+
+def test_a_subclass_with_its_own_admission_does_not_inherit_the_admission_rule():
+    # head_stays_blocked describes vLLM's (and Sarathi's) own admission code: a subclass that replaces it gets the
+    # default ("cannot tell"), so its jumps end at completions as before; one that only wraps schedule (sjf) keeps it.
+    from policies.sarathi import SarathiScheduler
+    from policies.sjf import SJFScheduler
+    from policies.vllm_v1 import VLLMV1Scheduler
+
+    class OwnAdmission(VLLMV1Scheduler):
+        def schedule_waiting(self, engine, out, budget, threshold):
+            return super().schedule_waiting(engine, out, budget, threshold)
+
+    class OwnSarathi(SarathiScheduler):
+        def schedule(self, engine):
+            return super().schedule(engine)
+
+    exp = experiment(True)
+    res = simulate(exp, build([(0.001, 144, 10, None), (0.001, 600, 30, None)]))
+    inst = res.instances[0]
+    head = Request(9, 0.0, 600, 30)
+    assert VLLMV1Scheduler().head_stays_blocked(inst, head, 1, 1, 0) is True  # 38 blocks needed, none free
+    assert SJFScheduler().head_stays_blocked(inst, head, 1, 1, 0) is True
+    assert OwnAdmission().head_stays_blocked(inst, head, 1, 1, 0) is False
+    assert SarathiScheduler().head_stays_blocked(inst, head, 1, 1, 0) is True
+    assert OwnSarathi().head_stays_blocked(inst, head, 1, 1, 0) is False
