@@ -223,7 +223,7 @@ class RooflineCostModel(CostModelBase):
             base.fill(terms(int(padded[0]) or b, b)["_sum"])
         else:
             lo = 0
-            for hi in (np.flatnonzero(nd[1:] != nd[:-1]) + 1).tolist() + [n]:
+            for hi in ((nd[1:] != nd[:-1]).nonzero()[0] + 1).tolist() + [n]:
                 b = int(nd[lo])
                 base[lo:hi] = terms(int(padded[lo]) or b, b)["_sum"]
                 lo = hi

@@ -45,6 +45,9 @@ from lab.core.kv_cache import unique_content
 from lab.core.request import RequestStatus
 from lab.core.step import ScheduledStep
 
+# Batch size from which _bound counts new blocks with numpy rather than a Python loop (measured crossover ~45).
+_VECTOR_BOUND_FROM = 48
+
 # Longest jump planned at once (bounds the planning work wasted when an arrival interrupts it).
 MAX_JUMP_STEPS = 4096
 
@@ -170,7 +173,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     while True:
         # schedules 0..kk-1 only: a plan rarely runs past the first chunk
         js = np.arange(kk, dtype=np.int64)
-        idx = np.searchsorted(rem_sorted, js, side="right")  # first participant in rem order
+        idx = rem_sorted.searchsorted(js, side="right")  # first participant in rem order
         counts = n - idx
         dsum = suffix[0, idx] + counts * js
         dmax = suffix[1, idx] + js
@@ -181,10 +184,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
             if not async_:
                 dts = dts + cpu
         # End times added one step at a time, as the event loop adds them (cumsum is sequential).
-        if async_:
-            ends = np.cumsum(np.concatenate(([env_now, first.dt], dts)))[1:]  # the in-flight step, then schedules
-        else:
-            ends = np.cumsum(np.concatenate(([env_now], dts)))[1:]
+        ends = _end_times(env_now, first.dt if async_ else None, dts)
         if async_ and cpu_terms:
             # schedule j's CPU work runs from the boundary it is made at (env_now, then the end of executed step
             # j-1) and is hidden only if done by the end of executed step j; the jump stops before the first not
@@ -202,8 +202,8 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     k = kk
     # Every executed step must end strictly before the horizon; the step during which the next arrival is expected
     # is the last one worth planning. Async executes k steps (the in-flight one + schedules 0..k-2) for k schedules.
-    n_exec = min(int(np.searchsorted(ends, stop_time, side="left")),
-                 int(np.searchsorted(ends, hint, side="left")) + 1)
+    ends_list = ends.tolist()
+    n_exec = min(bisect_left(ends_list, stop_time), bisect_left(ends_list, hint) + 1)
     k = min(k, n_exec)
     if k < 2:
         return None
@@ -215,7 +215,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     p.num_schedules = k
     p.dts = dts[:k]
     p.ends = ends[:k]
-    p.ends_list = p.ends.tolist()
+    p.ends_list = ends_list[:k]
     p.start = env_now
     p.first = first
     p.async_ = async_
@@ -239,6 +239,18 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     return p
 
 
+def _end_times(start: float, in_flight_dt: float | None, dts: np.ndarray) -> np.ndarray:
+    """End times of consecutive steps from ``start`` (seconds): the step in flight (async) if ``in_flight_dt`` is
+    given, then steps of ``dts``; added one at a time, as the event loop adds them (cumsum is sequential)."""
+    head = 1 if in_flight_dt is None else 2
+    t = np.empty(len(dts) + head)
+    t[0] = start
+    if in_flight_dt is not None:
+        t[1] = in_flight_dt
+    t[head:] = dts
+    return t.cumsum()[1:]
+
+
 def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin: list[int], k: int, bs: int,
            free: int, async_: bool, check_head: bool = False) -> tuple[int, int | None]:
     """How many of schedules 0..k-1 the jump may make: ``(k', f)``, where ``f`` is the completion step after which
@@ -258,13 +270,20 @@ def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin:
     after the last schedule that showed the head blocked)."""
     j0s = [(-c) % bs for c in computed0]
 
-    def new_blocks(m: int) -> int:  # blocks taken by schedules 0..m-1
-        total = 0
-        for j0, r in zip(j0s, rem):
-            top = r if r < m else m
-            if top > j0:
-                total += (top - j0 + bs - 1) // bs
-        return total
+    if len(rem) < _VECTOR_BOUND_FROM:
+        def new_blocks(m: int) -> int:  # blocks taken by schedules 0..m-1
+            total = 0
+            for j0, r in zip(j0s, rem):
+                top = r if r < m else m
+                if top > j0:
+                    total += (top - j0 + bs - 1) // bs
+            return total
+    else:  # the same integer sum with numpy (a large batch: called ~log k times per stretch between completions)
+        rem_a = np.array(rem, dtype=np.int64)
+        lead_a = bs - 1 - np.array(j0s, dtype=np.int64)
+
+        def new_blocks(m: int) -> int:
+            return int(np.maximum((np.minimum(rem_a, m) + lead_a) // bs, 0).sum())
 
     def first_overflow(a: int, b: int, avail: int) -> int | None:  # first j in a..b with new_blocks(j+1) > avail
         if new_blocks(b + 1) <= avail:
@@ -399,28 +418,41 @@ def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
     ``n_out`` steps applied: C, outputs, placeholders and tokens in flight, full blocks (unique content), time of
     the last token."""
     reqs = plan.reqs
-    async_ = plan.async_
+    rems = plan.rem
+    computed0 = plan.computed0
+    outputs0 = plan.outputs0
     ends_list = plan.ends_list
     cu = plan.caching_unique
     bs = plan.block_size
+    if plan.async_:
+        for i in indices:
+            r = reqs[i]
+            m = rems[i]
+            sched = n_sched if n_sched < m else m
+            out = 0 if n_out == 0 else (n_out if n_out <= m else m + 1)
+            in_flight = 1 + sched - out
+            c = computed0[i] + sched
+            r.num_computed_tokens = c
+            r.num_output_tokens = outputs0[i] + out
+            r.num_output_placeholders = in_flight
+            r.inflight_tokens = in_flight
+            if cu[i]:  # full blocks registered by the last schedule: min(C, num_tokens then) // block_size
+                r.num_cached_blocks = (c - 1) // bs
+            if out:
+                r.last_token_time = ends_list[out - 1]
+        return
     for i in indices:
         r = reqs[i]
-        m = plan.rem[i]
+        m = rems[i]
         sched = n_sched if n_sched < m else m
-        if async_:
-            out = 0 if n_out == 0 else (n_out if n_out < m + 1 else m + 1)
-            in_flight = 1 + sched - out
-        else:
-            out = n_out if n_out < m else m
-            in_flight = sched - out
-        c = plan.computed0[i] + sched
+        out = n_out if n_out < m else m
+        c = computed0[i] + sched
         r.num_computed_tokens = c
-        r.num_output_tokens = plan.outputs0[i] + out
-        r.num_output_placeholders = in_flight if async_ else 0
-        r.inflight_tokens = in_flight
+        r.num_output_tokens = outputs0[i] + out
+        r.num_output_placeholders = 0
+        r.inflight_tokens = sched - out
         if cu[i]:
-            # full blocks registered by the last schedule: min(C, num_tokens at that schedule) // block_size
-            r.num_cached_blocks = (c - 1) // bs if async_ else c // bs
+            r.num_cached_blocks = c // bs
         if out:
             r.last_token_time = ends_list[out - 1]
 
@@ -477,13 +509,9 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
 
 def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     """Apply the outputs of steps q0..q1-1; only the last may carry completions."""
-    pool = inst.kv.pool
-    usable = pool.num_gpu_blocks - 1
-    ends = plan.ends
     async_ = plan.async_
     counts = plan_counts(plan)
     steps = inst.steps
-    iid = inst.instance_id
     nw = plan.num_waiting
     arrivals = plan.arrivals
     q = q0
@@ -584,5 +612,5 @@ def progress_at(plan: Plan, t: float) -> tuple[int, int, int]:
     Step q ends at ends[q]; each schedule happens when the step before it ends (schedule 0 at the start), so while
     step q executes, schedules 0..q are done (sync: step q is schedule q; async: schedule q is the one made at the
     start of step q, to execute next)."""
-    done = int(np.searchsorted(plan.ends, t, side="right"))  # steps with end <= t
+    done = bisect_right(plan.ends_list, t)  # steps with end <= t
     return min(done + 1, plan.num_schedules), done, done

@@ -814,11 +814,11 @@ class Instance:
             self._cont = (None, None, ff.step_for(p, p.num_schedules - 1) if p.async_ else None)
         elif p.async_:
             step = p.first if q == 0 else ff.step_for(p, q - 1)
-            start = p.start if q == 0 else float(p.ends[q - 1])
+            start = p.start if q == 0 else p.ends_list[q - 1]
             self._cont = (step, start, ff.step_for(p, q))
         else:
             step = ff.step_for(p, q)
-            self._cont = (step, p.start if q == 0 else float(p.ends[q - 1]), None)
+            self._cont = (step, p.start if q == 0 else p.ends_list[q - 1], None)
         self.process.interrupt()
 
     def _plan_jump(self) -> tuple[ff.Plan, ScheduledStep | None] | None:
@@ -847,7 +847,7 @@ class Instance:
         self.num_jumps += 1
         env = self.env
         try:
-            yield env.timeout(delay_until(env.now, float(p.ends[-1])))
+            yield env.timeout(delay_until(env.now, p.ends_list[-1]))
         except simpy.Interrupt:
             step, start, nxt = self._cont
             self._cont = None
