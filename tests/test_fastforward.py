@@ -352,3 +352,23 @@ def test_a_subclass_with_its_own_admission_does_not_inherit_the_admission_rule()
     assert OwnAdmission().head_stays_blocked(inst, head, 1, 1, 0) is False
     assert SarathiScheduler().head_stays_blocked(inst, head, 1, 1, 0) is True
     assert OwnSarathi().head_stays_blocked(inst, head, 1, 1, 0) is False
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=overload_spec, sched=st.sampled_from(["vllm_v1/0.33", "vllm_v1/0.11", "sarathi/0.11"]),
+       blocks=st.sampled_from([20, 40, 120]), seqs=st.sampled_from([3, 16]), caching=st.booleans())
+def test_the_numpy_block_count_of_large_batches_bounds_jumps_as_the_python_one(spec, sched, blocks, seqs, caching):
+    # fastforward._bound counts the blocks a plan's schedules take with numpy from _VECTOR_BOUND_FROM running
+    # requests on. With the threshold at 1 every bound takes that path: results must equal step-by-step simulation
+    # (an undercount would let a jump run past a preemption) and the jumps must be exactly those of the Python count
+    # (an overcount would only shorten them, which equality alone does not show).
+    from lab.engine import fastforward
+
+    name, version = sched.split("/")
+    over = dict(scheduler=name, options={"chunk_size": 64} if name == "sarathi" else {}, version=version,
+                blocks=blocks, seqs=seqs, caching=caching)
+    python_count = run(True, spec, **dict(over))[3]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fastforward, "_VECTOR_BOUND_FROM", 1)
+        numpy_count = assert_same(spec, **dict(over))
+    assert _jump_counts(numpy_count) == _jump_counts(python_count)
