@@ -1,0 +1,177 @@
+"""Where a run's time goes, per call: the engine's hot functions timed one call at a time, and every real step
+sorted by kind.
+
+Profilers that sample or trace lines (pyinstrument, line_profiler) inflate the cheapest, most frequent lines;
+this script instead wraps each function below in a ``time.perf_counter`` pair and reports calls, total seconds
+and microseconds per call. The wrapper itself adds about 1 us per call, so the totals run ~10 % above an untimed
+run; compare figures from this script with each other, not with a plain run.
+
+It also sorts every real schedule (one the fast-forward did not absorb) by what it did: ``admit`` (a request
+entered the running batch), ``chunk`` (a running request's prompt continued), ``decode`` (decodes only),
+``preempt`` (it preempted), combined as ``admit+chunk`` and so on; by whether the step before was a jump or a real
+step; and by whether requests were waiting. Fast-forward plans that came back empty are counted by a reason told
+from the instance's state (:func:`_plan_outcome`; the check in lab/engine/fastforward.py that refused is not
+recorded, so the reasons are the likely ones).
+
+Usage::
+
+    .venv/bin/python bench/step_costs.py bench/azure_conv.yaml
+    .venv/bin/python bench/step_costs.py bench/million_16x.yaml --set workload.num_requests=50000
+    .venv/bin/python bench/step_costs.py bench/azure_conv.yaml --overrides '{"policy": {"scheduler": "sarathi"}}'
+
+Prints Markdown tables. The run is the experiment's, with its seed: the same command gives the same counts (the
+times vary with the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lab.core import kv_cache, step_log  # noqa: E402
+from lab.engine import fastforward, instance  # noqa: E402
+from lab.experiment.config import deep_merge, load_experiment, parse_set_option  # noqa: E402
+from lab.experiment.simulation import build_requests, simulate  # noqa: E402
+
+# (owner, attribute, label): the functions timed, in the order the table lists them
+TIMED = [
+    (fastforward, "apply", "fastforward.apply (a jump's bookkeeping)"),
+    (fastforward, "_outputs", "  fastforward._outputs (a stretch between completions)"),
+    (instance.Instance, "complete", "  Instance.complete (a completion in a jump)"),
+    (kv_cache.BlockPool, "free_unique", "  BlockPool.free_unique (a finished request's blocks)"),
+    (step_log.StepLog, "extend", "  StepLog.extend (a stretch's step-log rows)"),
+    (fastforward, "plan", "fastforward.plan"),
+    (fastforward, "decode_times", "  fastforward.decode_times (the plan's step times)"),
+    (fastforward, "_bound", "  fastforward._bound (KV and admission bound)"),
+    (fastforward, "_block_events", "  fastforward._block_events"),
+    (instance.Instance, "schedule_step", "Instance.schedule_step (a real schedule)"),
+    (instance.Instance, "price_step", "Instance.price_step (a real step's cost)"),
+    (instance.Instance, "finish_step", "Instance.finish_step (a real step's outputs)"),
+    (instance.Instance, "add_request", "Instance.add_request (an arrival)"),
+    (step_log.StepLog, "flush", "StepLog.flush (spill of held rows)"),
+]
+
+
+class Timers:
+    """Calls and seconds per wrapped function."""
+
+    def __init__(self) -> None:
+        self.seconds: collections.Counter = collections.Counter()
+        self.calls: collections.Counter = collections.Counter()
+
+    def wrap(self, owner, name: str, label: str) -> None:
+        """Replace ``owner.name`` by a timed wrapper (for this process's run only)."""
+        fn = getattr(owner, name)
+        seconds, calls, clock = self.seconds, self.calls, time.perf_counter
+
+        def timed(*args, **kwargs):
+            t = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[label] += clock() - t
+                calls[label] += 1
+
+        setattr(owner, name, timed)
+
+
+def _classify(step, before: set[int], after_jump: bool, waiting: bool) -> tuple[str, str, str]:
+    """(kind, what came before, queue) of one real schedule."""
+    admitted = any(id(r) not in before for r in step.requests)
+    chunk = any(id(r) in before and n > 1 for r, n in zip(step.requests, step.num_new_tokens))
+    parts = [p for p, on in (("preempt", step.num_preempted), ("admit", admitted), ("chunk", chunk)) if on]
+    return "+".join(parts) or "decode", "after a jump" if after_jump else "after a real step", \
+        "waiting" if waiting else "none waiting"
+
+
+def _plan_outcome(inst, result) -> str:
+    """Why a plan came back empty, told from the instance's state (or "planned")."""
+    if result is not None:
+        return "planned"
+    if inst.async_scheduling:
+        first = inst.window.oldest if inst.window.steps else None
+        if first is None or first.requests != inst.running or not all(first.samples):
+            return "the step in flight does not run every request, or one does not sample"
+    now = inst.now
+    if any(r.last_token_time != now and not (r.num_output_tokens == 0 and r.first_token_time is None)
+           for r in inst.running):
+        return "a running request's last token was not sampled now"
+    return "cut below two steps (KV, admission, the next arrival or the horizon)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("experiment", help="experiment YAML file")
+    ap.add_argument("--data-dir", default=None, help="shared data directory (default: the experiment's)")
+    ap.add_argument("--overrides", default=None, help="JSON object merged over the file")
+    ap.add_argument("--set", action="append", default=[], metavar="A.B=VALUE",
+                    help="override a field, as servelab run --set (repeatable)")
+    a = ap.parse_args(argv)
+    over = deep_merge(json.loads(a.overrides) if a.overrides else {}, parse_set_option(a.set))
+    exp = load_experiment(a.experiment, a.data_dir, over or None)
+    reqs = build_requests(exp)
+
+    timers = Timers()
+    for owner, name, label in TIMED:
+        timers.wrap(owner, name, label)
+    kinds: collections.Counter = collections.Counter()
+    outcomes: collections.Counter = collections.Counter()
+    last_was_jump: dict[int, bool] = {}
+    schedule = instance.Instance.schedule_step
+
+    def classified(self):
+        before = {id(r) for r in self.running}
+        waiting = bool(self.waiting)
+        step = schedule(self)
+        if step is not None:
+            kinds[_classify(step, before, last_was_jump.get(id(self), False), waiting)] += 1
+        last_was_jump[id(self)] = False
+        return step
+
+    instance.Instance.schedule_step = classified
+    jump = instance.Instance._jump
+
+    def jumping(self, *args):
+        last_was_jump[id(self)] = True
+        return (yield from jump(self, *args))
+
+    instance.Instance._jump = jumping
+    plan = instance.Instance._plan_jump
+
+    def planning(self):
+        result = plan(self)
+        outcomes[_plan_outcome(self, result)] += 1
+        return result
+
+    instance.Instance._plan_jump = planning
+
+    t0 = time.perf_counter()
+    res = simulate(exp, reqs)
+    wall = time.perf_counter() - t0
+    steps = sum(len(i.steps) for i in res.instances)
+    jumped = sum(i.jumped_steps for i in res.instances)
+    print(f"{a.experiment}: {len(reqs):,} requests, {steps:,} steps ({jumped / max(steps, 1):.0%} fast-forwarded), "
+          f"{wall:.2f} s of simulation with the timers\n")
+    print("| function | calls | seconds | us per call |\n|---|---:|---:|---:|")
+    for _, _, label in TIMED:
+        n = timers.calls[label]
+        s = timers.seconds[label]
+        print(f"| {label} | {n:,} | {s:.3f} | {1e6 * s / n if n else 0:.1f} |")
+    print("\n| real schedule | before it | queue | count |\n|---|---|---|---:|")
+    for (kind, before, queue), n in kinds.most_common():
+        print(f"| {kind} | {before} | {queue} | {n:,} |")
+    print("\n| fast-forward plan | count |\n|---|---:|")
+    for outcome, n in outcomes.most_common():
+        print(f"| {outcome} | {n:,} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
