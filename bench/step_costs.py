@@ -30,6 +30,7 @@ import collections
 import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from lab.core import kv_cache, step_log  # noqa: E402
 from lab.engine import fastforward, instance  # noqa: E402
-from lab.experiment.config import deep_merge, load_experiment, parse_set_option  # noqa: E402
+from lab.experiment.config import ConfigError, deep_merge, load_experiment, parse_set_option  # noqa: E402
 from lab.experiment.simulation import build_requests, simulate  # noqa: E402
 
 # (owner, attribute, label): the functions timed, in the order the table lists them
@@ -67,7 +68,7 @@ class Timers:
         self.calls: collections.Counter = collections.Counter()
 
     def wrap(self, owner, name: str, label: str) -> None:
-        """Replace ``owner.name`` by a timed wrapper (for this process's run only)."""
+        """Replace ``owner.name`` by a timed wrapper (:func:`patched` puts the original back)."""
         fn = getattr(owner, name)
         seconds, calls, clock = self.seconds, self.calls, time.perf_counter
 
@@ -106,6 +107,44 @@ def _plan_outcome(inst, result) -> str:
     return "cut below two steps (KV, admission, the next arrival or the horizon)"
 
 
+@contextmanager
+def patched(timers: Timers, kinds: collections.Counter, outcomes: collections.Counter):
+    """Within the block, time the TIMED functions into ``timers``, count real schedules by kind into ``kinds`` and
+    plans by outcome into ``outcomes``; the original functions are back after it."""
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in TIMED]
+    inst = instance.Instance
+    saved += [(inst, name, inst.__dict__[name]) for name in ("schedule_step", "_jump", "_plan_jump")]
+    try:
+        for owner, name, label in TIMED:
+            timers.wrap(owner, name, label)
+        last_was_jump: dict[int, bool] = {}
+        schedule, jump, plan = inst.schedule_step, inst._jump, inst._plan_jump
+
+        def classified(self):
+            before = {id(r) for r in self.running}
+            waiting = bool(self.waiting)
+            step = schedule(self)
+            if step is not None:
+                kinds[_classify(step, before, last_was_jump.get(id(self), False), waiting)] += 1
+            last_was_jump[id(self)] = False
+            return step
+
+        def jumping(self, *args):
+            last_was_jump[id(self)] = True
+            return (yield from jump(self, *args))
+
+        def planning(self):
+            result = plan(self)
+            outcomes[_plan_outcome(self, result)] += 1
+            return result
+
+        inst.schedule_step, inst._jump, inst._plan_jump = classified, jumping, planning
+        yield
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("experiment", help="experiment YAML file")
@@ -114,50 +153,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="A.B=VALUE",
                     help="override a field, as servelab run --set (repeatable)")
     a = ap.parse_args(argv)
-    over = deep_merge(json.loads(a.overrides) if a.overrides else {}, parse_set_option(a.set))
-    exp = load_experiment(a.experiment, a.data_dir, over or None)
+    try:
+        over = deep_merge(json.loads(a.overrides) if a.overrides else {}, parse_set_option(a.set))
+        exp = load_experiment(a.experiment, a.data_dir, over or None)
+    except (ConfigError, json.JSONDecodeError) as e:
+        ap.error(str(e))
     reqs = build_requests(exp)
 
     timers = Timers()
-    for owner, name, label in TIMED:
-        timers.wrap(owner, name, label)
     kinds: collections.Counter = collections.Counter()
     outcomes: collections.Counter = collections.Counter()
-    last_was_jump: dict[int, bool] = {}
-    schedule = instance.Instance.schedule_step
-
-    def classified(self):
-        before = {id(r) for r in self.running}
-        waiting = bool(self.waiting)
-        step = schedule(self)
-        if step is not None:
-            kinds[_classify(step, before, last_was_jump.get(id(self), False), waiting)] += 1
-        last_was_jump[id(self)] = False
-        return step
-
-    instance.Instance.schedule_step = classified
-    jump = instance.Instance._jump
-
-    def jumping(self, *args):
-        last_was_jump[id(self)] = True
-        return (yield from jump(self, *args))
-
-    instance.Instance._jump = jumping
-    plan = instance.Instance._plan_jump
-
-    def planning(self):
-        result = plan(self)
-        outcomes[_plan_outcome(self, result)] += 1
-        return result
-
-    instance.Instance._plan_jump = planning
-
-    t0 = time.perf_counter()
-    res = simulate(exp, reqs)
-    wall = time.perf_counter() - t0
+    with patched(timers, kinds, outcomes):
+        t0 = time.perf_counter()
+        res = simulate(exp, reqs)
+        wall = time.perf_counter() - t0
     steps = sum(len(i.steps) for i in res.instances)
     jumped = sum(i.jumped_steps for i in res.instances)
-    print(f"{a.experiment}: {len(reqs):,} requests, {steps:,} steps ({jumped / max(steps, 1):.0%} fast-forwarded), "
+    print(f"{a.experiment}: {len(reqs):,} requests, {steps:,} steps, {jumped:,} fast-forwarded "
+          f"({jumped / max(steps, 1):.0%}), "
           f"{wall:.2f} s of simulation with the timers\n")
     print("| function | calls | seconds | us per call |\n|---|---:|---:|---:|")
     for _, _, label in TIMED:
