@@ -31,15 +31,20 @@ import json
 import sys
 import time
 from contextlib import contextmanager
+from itertools import repeat
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lab.cluster.cluster import RouterError  # noqa: E402
 from lab.core import kv_cache, step_log  # noqa: E402
+from lab.core.sched_api import SchedulerContractError  # noqa: E402
 from lab.engine import fastforward, instance  # noqa: E402
 from lab.experiment.config import ConfigError, deep_merge, load_experiment, parse_set_option  # noqa: E402
 from lab.experiment.simulation import build_requests, simulate  # noqa: E402
+from lab.workload.loaders import WorkloadError  # noqa: E402
+from policies import PolicyError  # noqa: E402
 
 # (owner, attribute, label): the functions timed, in the order the table lists them
 TIMED = [
@@ -84,9 +89,12 @@ class Timers:
 
 
 def _classify(step, before: set[int], after_jump: bool, waiting: bool) -> tuple[str, str, str]:
-    """(kind, what came before, queue) of one real schedule."""
+    """(kind, what came before, queue) of one real schedule. A chunk is a prompt chunk of a request that was
+    already running: more than one new token and no drafts (lab/core/batch.py ``BatchShape.from_requests``; a
+    request with drafts is a decode verifying them)."""
     admitted = any(id(r) not in before for r in step.requests)
-    chunk = any(id(r) in before and n > 1 for r, n in zip(step.requests, step.num_new_tokens))
+    drafts = step.num_spec_tokens or repeat(0)
+    chunk = any(id(r) in before and n > 1 and not k for r, n, k in zip(step.requests, step.num_new_tokens, drafts))
     parts = [p for p, on in (("preempt", step.num_preempted), ("admit", admitted), ("chunk", chunk)) if on]
     return "+".join(parts) or "decode", "after a jump" if after_jump else "after a real step", \
         "waiting" if waiting else "none waiting"
@@ -154,23 +162,31 @@ def main(argv: list[str] | None = None) -> int:
                     help="override a field, as servelab run --set (repeatable)")
     a = ap.parse_args(argv)
     try:
-        over = deep_merge(json.loads(a.overrides) if a.overrides else {}, parse_set_option(a.set))
-        exp = load_experiment(a.experiment, a.data_dir, over or None)
-    except (ConfigError, json.JSONDecodeError) as e:
+        given = json.loads(a.overrides) if a.overrides else {}
+    except json.JSONDecodeError as e:
+        ap.error(f"--overrides: not valid JSON ({e})")
+    if not isinstance(given, dict):
+        ap.error(f"--overrides: expected a JSON object, got {type(given).__name__}")
+    try:
+        exp = load_experiment(a.experiment, a.data_dir, deep_merge(given, parse_set_option(a.set)) or None)
+        reqs = build_requests(exp)
+    except (ConfigError, WorkloadError, ValueError) as e:
         ap.error(str(e))
-    reqs = build_requests(exp)
 
     timers = Timers()
     kinds: collections.Counter = collections.Counter()
     outcomes: collections.Counter = collections.Counter()
     with patched(timers, kinds, outcomes):
         t0 = time.perf_counter()
-        res = simulate(exp, reqs)
+        try:
+            res = simulate(exp, reqs)
+        except (PolicyError, FileNotFoundError, ValueError, SchedulerContractError, RouterError) as e:
+            ap.error(f"{a.experiment}: {e}")
         wall = time.perf_counter() - t0
     steps = sum(len(i.steps) for i in res.instances)
     jumped = sum(i.jumped_steps for i in res.instances)
-    print(f"{a.experiment}: {len(reqs):,} requests, {steps:,} steps, {jumped:,} fast-forwarded "
-          f"({jumped / max(steps, 1):.0%}), "
+    print(f"{a.experiment}: {len(reqs):,} request{'s' if len(reqs) != 1 else ''}, {steps:,} steps, {jumped:,} "
+          f"fast-forwarded ({jumped / max(steps, 1):.0%}), "
           f"{wall:.2f} s of simulation with the timers\n")
     print("| function | calls | seconds | us per call |\n|---|---:|---:|---:|")
     for _, _, label in TIMED:
@@ -180,9 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| real schedule | before it | queue | count |\n|---|---|---|---:|")
     for (kind, before, queue), n in kinds.most_common():
         print(f"| {kind} | {before} | {queue} | {n:,} |")
+    # a jump cut short by an arrival (a router that reads state, a hand-off) turns the step under way into an
+    # ordinary one: it is logged and finished like a real step but was never scheduled outside the plan
+    cut = steps - jumped - sum(kinds.values())
+    if cut:
+        print(f"| (under way when a jump was cut short: finished, not scheduled here) | | | {cut:,} |")
     print("\n| fast-forward plan | count |\n|---|---:|")
     for outcome, n in outcomes.most_common():
         print(f"| {outcome} | {n:,} |")
+    if not outcomes:
+        print("| (none tried: fast-forward is off, or this setup never qualifies) | 0 |")
     return 0
 
 

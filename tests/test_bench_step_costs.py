@@ -55,3 +55,21 @@ def test_a_bad_field_is_one_line_naming_it(capsys):
     with pytest.raises(SystemExit):
         step_costs.main([str(ROOT / "bench" / "million_16x.yaml"), "--set", "engine.max_num_seqs=zero"])
     assert "max_num_seqs" in capsys.readouterr().err
+
+
+def test_decodes_that_verify_drafts_are_decodes_not_prompt_chunks(capsys):
+    # speculative decoding schedules 1 + k tokens per decode: still a decode, not a prompt chunk
+    step_costs = _load()
+    step_costs.main([str(ROOT / "experiments" / "demo.yaml"), "--set", "workload.num_requests=60",
+                     "--set", "speculative.method=eagle3", "--set", "speculative.num_speculative_tokens=3"])
+    kinds = {}
+    for kind, _, _, n in _table(capsys.readouterr().out, "| real schedule | before it | queue | count |"):
+        kinds[kind] = kinds.get(kind, 0) + int(n.replace(",", ""))
+    assert kinds["decode"] > 10 * kinds.get("chunk", 0)
+
+
+def test_overrides_that_are_not_an_object_are_refused(capsys):
+    step_costs = _load()
+    with pytest.raises(SystemExit):
+        step_costs.main([str(ROOT / "bench" / "million_16x.yaml"), "--overrides", "[1, 2]"])
+    assert "--overrides: expected a JSON object, got list" in capsys.readouterr().err

@@ -71,6 +71,20 @@ def test_set_overrides_parse_yaml_scalars(tmp_path):
         parse_set_option(["oops"])
 
 
+def test_set_overrides_that_cannot_be_parsed_are_one_line_errors():
+    with pytest.raises(ConfigError, match=r"--set 'workload.max_requests=\[': the value is not valid YAML") as e:
+        parse_set_option(["workload.max_requests=["])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="workload was set to a value by an earlier --set, so it has no fields"):
+        parse_set_option(["workload=5", "workload.num_requests=3"])
+    assert parse_set_option(["workload.num_requests=3", "workload=5"]) == {"workload": 5}  # the later one wins
+
+
+def test_a_directory_given_as_the_experiment_says_so(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory, not an experiment file"):
+        load_experiment(tmp_path)
+
+
 def test_paths_expand_data_dir_and_resolve_relative_to_the_file(tmp_path):
     (tmp_path / "data").mkdir()
     exp = load_experiment(write(tmp_path, "name: x\n"), data_dir=tmp_path / "data")
@@ -79,3 +93,12 @@ def test_paths_expand_data_dir_and_resolve_relative_to_the_file(tmp_path):
     exp = load_experiment(write(tmp_path, "name: x\n"), data_dir=tmp_path / "nowhere")
     with pytest.raises(ValueError, match="SERVELAB_DATA_DIR"):
         exp.path("{data_dir}/a.csv", "workload.path")
+
+
+def test_num_requests_on_a_trace_is_refused_not_ignored(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0.0,10,5\n")
+    text = f"name: x\nworkload: {{source: csv, path: {trace}, num_requests: 2000}}\n"
+    with pytest.raises(ConfigError, match="num_requests is for generated workloads.*use max_requests"):
+        load_experiment(write(tmp_path, text))
+    load_experiment(write(tmp_path, text.replace("num_requests", "max_requests")))  # the field for traces

@@ -111,6 +111,9 @@ class WorkloadConfig(_Strict):
                              "not apply (think_time_s does)")
         if self.source != "sessions" and (self.turns != _DEFAULT_TURNS or self.turn_tokens != _DEFAULT_TURN_TOKENS):
             raise ValueError("turns and turn_tokens are for source 'sessions'")
+        if self.source not in ("synthetic", "sessions") and "num_requests" in self.model_fields_set:
+            raise ValueError(f"num_requests is for generated workloads; source {self.source!r} replays every request "
+                             "of its trace: use max_requests to keep the first N")
         if (self.think_time_s or self.num_warmup) and self.concurrency is None and self.source not in (
                 "vllm_bench", "sessions"):
             raise ValueError("think_time_s and num_warmup are for closed-loop workloads: set 'concurrency' (or use "
@@ -800,6 +803,9 @@ def read_yaml(path: Path, what: str):
     Raises:
         ConfigError: the file does not exist or is not valid YAML (the message names the file).
     """
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not an {what}" if what[0] in "aeiou" else
+                          f"{path}: is a directory, not a {what}")
     if not path.is_file():
         raise ConfigError(f"{path}: {what} does not exist")
     try:
@@ -823,16 +829,28 @@ def parse_set_option(items: list[str]) -> dict:
     """Turn ``["engine.max_num_seqs=64", ...]`` into a nested dict; values are parsed as YAML scalars.
 
     Raises:
-        ConfigError: an item without ``=``.
+        ConfigError: an item without ``=``, a value that is not valid YAML, or a field path under a field an
+            earlier item set to a plain value (``--set workload=5 --set workload.rate=2``).
     """
     out: dict = {}
     for item in items:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected FIELD.PATH=VALUE, e.g. engine.max_num_seqs=64")
         key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({_one_line_yaml(e)})") from None
         node = out
         parts = key.strip().split(".")
-        for part in parts[:-1]:
+        for depth, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw)
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {'.'.join(parts[:depth + 1])} was set to a value by an earlier "
+                                  "--set, so it has no fields")
+        node[parts[-1]] = value
     return out
+
+
+def _one_line_yaml(e: yaml.YAMLError) -> str:
+    return " ".join(str(e).split())
