@@ -102,3 +102,10 @@ def test_num_requests_on_a_trace_is_refused_not_ignored(tmp_path):
     with pytest.raises(ConfigError, match="num_requests is for generated workloads.*use max_requests"):
         load_experiment(write(tmp_path, text))
     load_experiment(write(tmp_path, text.replace("num_requests", "max_requests")))  # the field for traces
+
+
+@pytest.mark.parametrize("key,command", [("axes", "sweep"), ("find", "search"), ("groups", "compare")])
+def test_a_sweep_search_or_comparison_file_given_as_an_experiment_names_its_command(tmp_path, key, command):
+    p = write(tmp_path, f"name: x\nbase: exp.yaml\n{key}: {{}}\n")
+    with pytest.raises(ConfigError, match=f"not one experiment: run it with servelab {command} "):
+        load_experiment(p)

@@ -792,9 +792,30 @@ def load_experiment(path: str | Path, data_dir: str | Path | None = None,
     """
     p = Path(path)
     data = read_yaml(p, "experiment file")
+    kind = _other_file_kind(data)
+    if kind is not None:
+        name, key, command = kind
+        raise ConfigError(f"{p}: this is a {name} file (it has {key!r}), not one experiment: run it with "
+                          f"servelab {command} {p}")
     if overrides:
         data = deep_merge(data or {}, overrides)
     return parse_experiment(data, str(p), p.resolve().parent, data_dir)
+
+
+# Top-level keys that only a sweep, search or comparison file has (lab/report/sweep.py, search.py, compare.py; no
+# experiment field has these names), with what the file is and the servelab command that runs it.
+_OTHER_FILE_KEYS = (("axes", "sweep", "sweep"), ("find", "search", "search"), ("groups", "comparison", "compare"))
+
+
+def _other_file_kind(data) -> tuple[str, str, str] | None:
+    """(what the file is, the key that shows it, the command) when ``data`` is a sweep, search or comparison
+    file rather than an experiment, else None."""
+    if not isinstance(data, dict):
+        return None
+    for key, name, command in _OTHER_FILE_KEYS:
+        if key in data:
+            return name, key, command
+    return None
 
 
 def read_yaml(path: Path, what: str):
