@@ -372,3 +372,26 @@ def test_the_numpy_block_count_of_large_batches_bounds_jumps_as_the_python_one(s
         mp.setattr(fastforward, "_VECTOR_BOUND_FROM", 1)
         numpy_count = assert_same(spec, **dict(over))
     assert _jump_counts(numpy_count) == _jump_counts(python_count)
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_a_jump_takes_a_request_whose_previous_token_came_before_the_step_in_flight(monkeypatch, preemption):
+    # async: a preempted request that re-computes its tokens (or comes back from swap) samples its next token at
+    # the end of the step in flight, an ITL sample from its previous token, not from the jump's start; a plan may
+    # start there (fastforward.plan: ``earlier``) and must give the same requests, steps and ITL samples
+    from lab.engine import fastforward
+
+    planned = []
+    original = fastforward.plan
+
+    def recording(*args, **kwargs):
+        p = original(*args, **kwargs)
+        if p is not None and p.earlier:
+            planned.append(len(p.earlier))
+        return p
+
+    monkeypatch.setattr(fastforward, "plan", recording)
+    spec = [(0.002, 100 + 37 * (i % 7), 40 + 11 * (i % 5), None) for i in range(40)]
+    res = assert_same(spec, version="0.33", seqs=16, blocks=40, caching=False, preemption=preemption)
+    assert planned, "no plan started with such a request"
+    assert res.instances[0].num_preemptions > 0

@@ -8,7 +8,10 @@ shapes and times are known in advance, and the KV block operations happen in a k
 context crosses a block boundary, a block's hash registered when it fills, a finished request's blocks freed
 (last first) before the next schedule. The jump replays exactly these operations in that order and applies the
 per-request counters and per-step records in bulk, so its results equal step-by-step simulation exactly
-(tests/test_fastforward.py checks it on random workloads, clusters and horizons).
+(tests/test_fastforward.py checks it on random workloads, clusters and horizons). Under async scheduling the jump
+starts with the step in flight, which must run every request with each sampling at its end: a request whose last
+prompt chunk is in it gets its first token there, and one that sat out the step before (re-computing its tokens
+after a preemption, or back from swap) its next token, whose ITL sample runs from its previous token.
 
 A jump stops before the first schedule whose new blocks would exceed the free blocks (a preemption; the blocks
 completions free count from the next schedule on) and at the horizon. When requests are waiting, a completion frees
@@ -62,7 +65,7 @@ class Plan:
     """
 
     __slots__ = ("reqs", "rem", "computed0", "outputs0", "num_schedules", "dts", "ends", "events", "start", "first",
-                 "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "used", "finish_at", "sizes",
+                 "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "earlier", "used", "finish_at", "sizes",
                  "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list", "arrivals",
                  "admit_after")
 
@@ -115,7 +118,8 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     outputs0 = []
     rem = []
     new_first = 0
-    for r in running:
+    earlier = []  # positions of requests whose previous token came before the step in flight started
+    for i, r in enumerate(running):
         c = r.num_computed_tokens
         o = r.num_output_tokens
         p = r.num_output_placeholders
@@ -125,10 +129,17 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
         elif p or c != r.prompt_len + o - 1:
             return None
         if r.last_token_time != env_now:
-            # async: a request whose last prompt chunk is in the step in flight gets its first token from it
-            if not (async_ and o == 0 and r.first_token_time is None):
+            # async: the step in flight runs every request and each samples at its end. One whose last prompt
+            # chunk is in it gets its first token; one that sat out the step before (re-computing its tokens after
+            # a preemption, or back from swap) its next token, an ITL sample from its previous one (as finish_step)
+            if not async_:
                 return None
-            new_first += 1
+            if o == 0 and r.first_token_time is None:
+                new_first += 1
+            elif r.first_token_time is not None:
+                earlier.append(i)
+            else:
+                return None
         # (a running request holds exactly ceil(C / block_size) blocks without lookahead slots: allocate_slots
         # guarantees it, so it is not re-checked here; registered blocks are, for content others can hit)
         if caching and r.num_cached_blocks != ((c - 1) // bs if async_ else c // bs) and not unique_content(r):
@@ -222,6 +233,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     p.sizes = sizes
     p.num_waiting = len(inst.waiting)
     p.new_first = new_first
+    p.earlier = earlier
     # requests whose content is unique register nothing anyone can hit: only their count of full blocks matters,
     # which _sync_counters keeps
     unique = [unique_content(r) for r in running]
@@ -520,8 +532,11 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         end = plan.ends_list[0]
         sh = first.shape
         B = len(first.requests)
-        if B - plan.new_first:
-            inst.itl.add(end - plan.start, B - plan.new_first)
+        same_gap = B - plan.new_first - len(plan.earlier)  # requests whose last token came at the jump's start
+        if same_gap:
+            inst.itl.add(end - plan.start, same_gap)
+        for i in plan.earlier:
+            inst.itl.add(end - plan.reqs[i].last_token_time)
         if plan.new_first:
             for r in plan.reqs:
                 if r.first_token_time is None:
