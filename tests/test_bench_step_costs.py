@@ -41,7 +41,8 @@ def test_real_schedules_and_jumped_steps_add_up_to_every_step(capsys):
     kinds = _table(out, "| real schedule | before it | queue | count |")
     real = sum(int(r[3].replace(",", "")) for r in kinds)
     plans = dict((r[0], int(r[1].replace(",", ""))) for r in _table(out, "| fast-forward plan | count |"))
-    calls = dict((r[0], int(r[1].replace(",", ""))) for r in _table(out, "| function | calls | seconds | us per call |"))
+    calls = dict((r[0], int(r[1].replace(",", "")))
+                 for r in _table(out, "| function | calls | seconds | us per call |"))
     assert {r[0] for r in kinds} <= {"admit", "decode", "chunk", "admit+chunk", "preempt", "preempt+admit",
                                      "preempt+chunk", "preempt+admit+chunk"}
     # behind round robin no arrival cuts a jump short, so every logged step is a real schedule or a jumped one

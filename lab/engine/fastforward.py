@@ -61,13 +61,15 @@ class Plan:
     Schedules j = 0..num_schedules-1 are planned; request i (``reqs[i]``, with ``computed0[i]`` computed tokens and
     ``outputs0[i]`` outputs at the start) takes part in schedules j < rem[i]. Sync: schedule j executes as
     step j, in [ends[j-1], ends[j]). Async: the step already in flight (``first``) executes as step 0 and schedule j
-    as step j+1, one step after it was scheduled; the last schedule is left in flight when the jump ends.
+    as step j+1, one step after it was scheduled; the last schedule is left in flight when the jump ends. Of the
+    requests of that step in flight, ``new_first`` get their first token from it and ``earlier`` (positions) had
+    their previous token before it started (the others at its start).
     """
 
     __slots__ = ("reqs", "rem", "computed0", "outputs0", "num_schedules", "dts", "ends", "events", "start", "first",
-                 "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "earlier", "used", "finish_at", "sizes",
-                 "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list", "arrivals",
-                 "admit_after")
+                 "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "earlier", "used", "finish_at",
+                 "sizes", "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list",
+                 "arrivals", "admit_after")
 
     def __init__(self) -> None:
         self.applied_sched = 0
