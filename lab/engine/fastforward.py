@@ -432,41 +432,28 @@ def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
     ``n_out`` steps applied: C, outputs, placeholders and tokens in flight, full blocks (unique content), time of
     the last token."""
     reqs = plan.reqs
-    rems = plan.rem
-    computed0 = plan.computed0
-    outputs0 = plan.outputs0
+    async_ = plan.async_
     ends_list = plan.ends_list
     cu = plan.caching_unique
     bs = plan.block_size
-    if plan.async_:
-        for i in indices:
-            r = reqs[i]
-            m = rems[i]
-            sched = n_sched if n_sched < m else m
-            out = 0 if n_out == 0 else (n_out if n_out <= m else m + 1)
-            in_flight = 1 + sched - out
-            c = computed0[i] + sched
-            r.num_computed_tokens = c
-            r.num_output_tokens = outputs0[i] + out
-            r.num_output_placeholders = in_flight
-            r.inflight_tokens = in_flight
-            if cu[i]:  # full blocks registered by the last schedule: min(C, num_tokens then) // block_size
-                r.num_cached_blocks = (c - 1) // bs
-            if out:
-                r.last_token_time = ends_list[out - 1]
-        return
     for i in indices:
         r = reqs[i]
-        m = rems[i]
+        m = plan.rem[i]
         sched = n_sched if n_sched < m else m
-        out = n_out if n_out < m else m
-        c = computed0[i] + sched
+        if async_:
+            out = 0 if n_out == 0 else (n_out if n_out < m + 1 else m + 1)
+            in_flight = 1 + sched - out
+        else:
+            out = n_out if n_out < m else m
+            in_flight = sched - out
+        c = plan.computed0[i] + sched
         r.num_computed_tokens = c
-        r.num_output_tokens = outputs0[i] + out
-        r.num_output_placeholders = 0
-        r.inflight_tokens = sched - out
+        r.num_output_tokens = plan.outputs0[i] + out
+        r.num_output_placeholders = in_flight if async_ else 0
+        r.inflight_tokens = in_flight
         if cu[i]:
-            r.num_cached_blocks = c // bs
+            # full blocks registered by the last schedule: min(C, num_tokens at that schedule) // block_size
+            r.num_cached_blocks = (c - 1) // bs if async_ else c // bs
         if out:
             r.last_token_time = ends_list[out - 1]
 
