@@ -11,6 +11,7 @@ first; the first allocation failure stops it (head-of-line blocking; a waiting r
 
 from __future__ import annotations
 
+from lab.core.kv_cache import unique_content
 from lab.core.request import Request, RequestStatus
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerOutput
 from policies.common import (allocate_or_preempt, allocate_waiting, lookup, next_waiting, resolve_victim_rule,
@@ -201,6 +202,39 @@ class VLLMV1Scheduler(SchedulerBase):
             return False
         reserve = int(cfg.watermark * engine.kv.pool.num_gpu_blocks) if cfg.watermark and num_running else 0
         return need > num_free_blocks - reserve
+
+    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_decodes: int,
+                     num_free_blocks: int) -> bool:
+        """:meth:`schedule_waiting`'s decision on ``request``, a new arrival alone in the queue, for a schedule whose
+        phase 1 only decoded (see :meth:`SchedulerBase.admits_whole`): admitted whole when a ``max_num_seqs`` slot
+        is free, its whole prompt fits the budget left after the decodes and the long-prefill threshold, and its
+        blocks (``KVCacheManager.blocks_to_admit``, no prefix hit: content unique to it, or caching off) fit the
+        free blocks less the watermark. False (cannot tell) with a CPU KV tier, a request holding computed state,
+        a padded one-token admission, and for a subclass with an admission phase of its own (or a ``schedule`` of
+        its own)."""
+        cls = type(self)
+        if cls.schedule_waiting is not VLLMV1Scheduler.schedule_waiting or cls.schedule is not VLLMV1Scheduler.schedule:
+            return False
+        cfg = engine.config
+        if num_running >= cfg.max_num_seqs or engine.kv_offload is not None or request.num_computed_tokens:
+            return False
+        if request.prev_blocks is not None:
+            return False
+        n = request.num_tokens
+        threshold = cfg.long_prefill_token_threshold
+        if threshold and cfg.threshold_only_when_contended and num_running + 1 <= 1:
+            threshold = 0
+        if 0 < threshold < n or n > cfg.max_num_batched_tokens - num_decodes:
+            return False
+        if cfg.pad_new_one_token_requests and n == 1:
+            return False
+        if engine.kv.enable_prefix_caching and not unique_content(request):
+            return False
+        need = engine.kv.blocks_to_admit(request, n, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
+        if need is None:
+            return False
+        reserve = int(cfg.watermark * engine.kv.pool.num_gpu_blocks) if cfg.watermark and num_running else 0
+        return need <= num_free_blocks - reserve
 
     def schedule_waiting(self, engine: EngineView, out: SchedulerOutput, budget: int, threshold: int) -> int:
         """Phase 2: admit waiting requests in queue order; stops at the first that does not fit."""

@@ -167,7 +167,8 @@ def test_round_robin_jumps_are_not_cut_by_arrivals_routed_elsewhere(version):
         mine = [Request(r.index, r.arrival_time, r.prompt_len, r.max_tokens) for r in reqs[k::4]]
         alone.append(simulate(experiment(True, version=version), mine))
     assert _jump_counts(routed) == [_jump_counts(a)[0] for a in alone]
-    assert sum(n for n, _, _ in _jump_counts(routed)) > 20
+    counts = _jump_counts(routed)
+    assert all(n for n, _, _ in counts) and sum(j for _, j, _ in counts) > 0.8 * sum(s for _, _, s in counts)
     frame = requests_frame(routed.requests).set_index("request_id").drop(columns=["instance", "served_by"])
     for a in alone:
         mine = requests_frame(a.requests).set_index("request_id").drop(columns=["instance", "served_by"])

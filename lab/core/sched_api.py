@@ -233,6 +233,9 @@ class Scheduler(Protocol):
     def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_decodes: int,
                            num_free_blocks: int) -> bool: ...
 
+    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_decodes: int,
+                     num_free_blocks: int) -> bool: ...
+
 
 class SchedulerBase:
     """Base class of every scheduling policy: it declares the capabilities the engine reads, with safe defaults.
@@ -263,6 +266,8 @@ class SchedulerBase:
       None for a policy with a budget of its own, e.g. Orca's whole prompts).
     - :meth:`head_stays_blocked`: its admission rule for a fast-forward jump through a completion (default: cannot
       tell, so a jump with requests waiting ends at its first completion).
+    - :meth:`admits_whole`: its admission rule for a fast-forward jump through an arrival (default: cannot tell, so
+      a jump ends at the next arrival).
     """
 
     name = "scheduler"
@@ -292,6 +297,17 @@ class SchedulerBase:
         free KV blocks after their allocations. A fast-forward jump goes on through a completion (which frees
         blocks and a ``max_num_seqs`` slot) only when this says True (lab/engine/fastforward.py); answer True only
         when sure, False when the head would be admitted or the policy cannot tell. Default: False."""
+        return False
+
+    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_decodes: int,
+                     num_free_blocks: int) -> bool:
+        """Whether a schedule made during a stretch of pure decodes admits ``request``, a new arrival alone in the
+        waiting queue, with its whole prompt (``request.num_tokens`` tokens) in this step: ``num_running`` requests
+        in the running list, ``num_decodes`` of them scheduled for one token each before admission (phase 1), and
+        ``num_free_blocks`` free KV blocks after their allocations. A fast-forward jump goes on through an arrival
+        whose request and time are known in advance only when this says True (lab/engine/fastforward.py); answer
+        True only when sure, False when the request would wait, be chunked, or the policy cannot tell. Default:
+        False."""
         return False
 
 

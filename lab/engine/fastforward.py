@@ -39,6 +39,7 @@ The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds two cases
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from heapq import heapify, heappop, heappush
 from itertools import accumulate
 
 import numpy as np
@@ -69,7 +70,8 @@ class Plan:
     __slots__ = ("reqs", "rem", "computed0", "outputs0", "num_schedules", "dts", "ends", "events", "start", "first",
                  "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "earlier", "used", "finish_at",
                  "sizes", "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list",
-                 "arrivals", "admit_after")
+                 "arrivals", "admit_after", "s0", "first_tokens", "admissions", "stops", "admitted_at", "wait_rows",
+                 "planned")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -79,6 +81,13 @@ class Plan:
         self._counts = None
         self.deferred_arrivals = 0  # arrivals during the last planned step (they do not interrupt the jump)
         self.arrivals: list[float] = []  # times of earlier arrivals that left the blocked waiting head in place
+        # planned admissions of arrivals known in advance (_through_arrivals); None / empty without
+        self.s0: list[int] | None = None  # per participant, its first planned schedule (0: running at the start)
+        self.first_tokens: list[int] | None = None  # tokens it computes at that schedule (1, or its whole prompt)
+        self.admissions: list[tuple[int, int]] = []  # (schedule, position) of each planned admission
+        self.admitted_at: dict[int, list[int]] = {}  # executed step -> positions whose prompt it computes
+        self.wait_rows: dict[int, int] = {}  # executed step -> arrivals waiting in its row
+        self.planned: set[int] = set()  # id() of the requests the jump admits
 
 
 def steady_batch(inst) -> bool:
@@ -157,7 +166,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     # a closed-loop client sends its next request at a completion; a hand-off enters another pool at it
     if inst.finish_triggers_arrival or inst.hands_off:
         k = min(k, min(fin) + 1)
-    k = min(k, MAX_JUMP_STEPS)
+    k = k_uncut = min(k, MAX_JUMP_STEPS)
     if k < 2:
         return None
     # KV and, with requests waiting, admission at completions bound the jump (before pricing: often to 0 or 1)
@@ -165,6 +174,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
                             len(kv.pool.free_queue), async_, check_head)
     if k < 2:
         return None
+    k_bound = k
     # Step times of schedules 0..k-1. Request i takes part while j < rem[i], so with requests sorted by rem the
     # participants of schedule j are a suffix: counts, Σ contexts and the context range follow from suffix sums.
     opt = inst.options
@@ -172,26 +182,14 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     # With requests waiting behind a blocked head, an arrival that leaves the head in place does not end the jump
     # (absorb_arrival), so the expected arrival does not size the plan.
     hint = inst.arrival_hint() if not waiting else float("inf")
-    order = sorted(range(len(rem)), key=rem.__getitem__)
-    by_rem = [computed0[i] for i in order]
-    n = len(order)
-    rev = by_rem[::-1]
-    suffix = np.array([list(accumulate(rev))[::-1] + [0], list(accumulate(rev, max))[::-1] + [0],
-                       list(accumulate(rev, min))[::-1] + [0]], dtype=np.int64)
-    rem_sorted = np.array([rem[i] for i in order])
+    stretch = _Stretch(computed0, rem)
     pad_table = _pad_table(opt.cudagraph_sizes, max(inst.config.max_num_seqs, inst.config.max_num_batched_tokens))
     cost = inst.cost_model
     cpu_terms = opt.cpu_base_s or opt.cpu_per_seq_s or opt.cpu_per_token_s
     kk = min(k, 64)  # grow in chunks until the expected arrival: a short jump costs little to plan
     while True:
         # schedules 0..kk-1 only: a plan rarely runs past the first chunk
-        js = np.arange(kk, dtype=np.int64)
-        idx = rem_sorted.searchsorted(js, side="right")  # first participant in rem order
-        counts = n - idx
-        dsum = suffix[0, idx] + counts * js
-        dmax = suffix[1, idx] + js
-        dmin = suffix[2, idx] + js
-        dts = decode_times(cost, counts, dsum, dmax, dmin, pad_table[counts], by_rem)
+        counts, dts = stretch.times(cost, kk, pad_table)
         if cpu_terms:
             cpu = opt.cpu_base_s + opt.cpu_per_seq_s * counts + opt.cpu_per_token_s * counts
             if not async_:
@@ -203,7 +201,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
             # j-1) and is hidden only if done by the end of executed step j; the jump stops before the first not
             hidden = np.concatenate(([env_now], ends[:kk - 1])) + cpu <= ends[:kk]
             if not hidden.all():
-                k = min(k, int(np.argmin(hidden)))
+                k = k_bound = min(k, int(np.argmin(hidden)))  # (k_bound: no arrival is planned past it)
                 kk = min(kk, k)
                 if k < 2:
                     return None
@@ -213,22 +211,42 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
             break
         kk = min(k, kk * 4)
     k = kk
+    ends_list = ends.tolist()
+    # Arrivals known in advance: the jump may go on through their admissions (_through_arrivals)
+    known = inst.known_arrivals
+    arr = None
+    if known is not None and not waiting and last > hint and _arrivals_allowed(inst, running, caching):
+        cap = k_bound if k_bound < k_uncut else MAX_JUMP_STEPS  # the KV bound among the running requests alone
+        arr = _through_arrivals(inst, known, env_now, async_, running, computed0, rem, fin, dts, counts, ends_list,
+                                cap, stop_time, pad_table)
+        if arr.admissions:
+            hint = arr.hint
+            dts, counts, ends_list = np.array(arr.dts), np.array(arr.counts, dtype=np.int64), arr.ends
+            k = len(arr.dts)
+        else:
+            arr = None
     # Every executed step must end strictly before the horizon; the step during which the next arrival is expected
     # is the last one worth planning. Async executes k steps (the in-flight one + schedules 0..k-2) for k schedules.
-    ends_list = ends.tolist()
     n_exec = min(bisect_left(ends_list, stop_time), bisect_left(ends_list, hint) + 1)
     k = min(k, n_exec)
+    if arr is not None:
+        k = arr.bound(k, len(kv.pool.free_queue), bs)
     if k < 2:
         return None
     p = Plan()
+    p.num_schedules = k
+    p.dts = dts[:k]
+    p.ends_list = ends_list[:k]
     p.reqs = list(running)
+    if arr is not None and arr.keep(k):
+        p.reqs += arr.reqs
+        rem, computed0, outputs0, fin = arr.rem, arr.c0, outputs0 + [0] * len(arr.reqs), arr.fin
+        p.s0, p.first_tokens = arr.s0, arr.first_tokens
+        p.admissions = arr.admissions
+        p.planned = {id(r) for r in arr.reqs}
     p.rem = rem
     p.computed0 = computed0
     p.outputs0 = outputs0
-    p.num_schedules = k
-    p.dts = dts[:k]
-    p.ends = ends[:k]
-    p.ends_list = ends_list[:k]
     p.start = env_now
     p.first = first
     p.async_ = async_
@@ -238,14 +256,22 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     p.earlier = earlier
     # requests whose content is unique register nothing anyone can hit: only their count of full blocks matters,
     # which _sync_counters keeps
-    unique = [unique_content(r) for r in running]
-    p.events = _block_events(computed0, rem, k, bs, async_, caching, unique)
+    unique = [unique_content(r) for r in p.reqs]
+    if p.admissions:
+        n_run = len(running)
+        p.events = _block_events(computed0[:n_run], rem[:n_run], k, bs, async_, caching, unique[:n_run])
+        _admission_events(p, n_run, k, bs)
+    else:
+        p.events = _block_events(computed0, rem, k, bs, async_, caching, unique)
     # completions by step: step q -> positions finishing at its output, in batch order
     finish_at: dict[int, list[int]] = {}
     for i, f in enumerate(fin):
         if f < k:
             finish_at.setdefault(f, []).append(i)
     p.finish_at = finish_at
+    p.stops = sorted(finish_at)
+    if p.admissions:
+        _admission_stops(p)
     p.admit_after = admit_after
     p._counts = counts[:k]
     p.block_size = bs
@@ -263,6 +289,306 @@ def _end_times(start: float, in_flight_dt: float | None, dts: np.ndarray) -> np.
         t[1] = in_flight_dt
     t[head:] = dts
     return t.cumsum()[1:]
+
+
+class _Stretch:
+    """Step shapes of a stretch of pure decodes: participant i (context ``ctx[i]`` at the stretch's first
+    schedule) decodes in its first ``rem[i]`` schedules. Sorted by rem, the participants of schedule t are a
+    suffix, so counts, Σ contexts and the context range follow from suffix sums."""
+
+    __slots__ = ("n", "by_rem", "suffix", "rem_sorted")
+
+    def __init__(self, ctx: list[int], rem: list[int]) -> None:
+        order = sorted(range(len(rem)), key=rem.__getitem__)
+        by_rem = [ctx[i] for i in order]
+        rev = by_rem[::-1]
+        self.n = len(order)
+        self.by_rem = by_rem
+        self.suffix = np.array([list(accumulate(rev))[::-1] + [0], list(accumulate(rev, max))[::-1] + [0],
+                                list(accumulate(rev, min))[::-1] + [0]], dtype=np.int64)
+        self.rem_sorted = np.array([rem[i] for i in order])
+
+    def times(self, cost, kk: int, pad_table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(decodes, step seconds) of the stretch's schedules 0..kk-1, cost model's times without CPU work."""
+        js = np.arange(kk, dtype=np.int64)
+        idx = self.rem_sorted.searchsorted(js, side="right")  # first participant in rem order
+        counts = self.n - idx
+        suffix = self.suffix
+        dsum = suffix[0, idx] + counts * js
+        dmax = suffix[1, idx] + js
+        dmin = suffix[2, idx] + js
+        return counts, decode_times(cost, counts, dsum, dmax, dmin, pad_table[counts], self.by_rem)
+
+
+# An arrival this close to a step boundary (seconds) is not planned: SimPy's clock may differ from the trace's
+# arrival time by an ulp, and the order of the two would then be a coin toss.
+_ARRIVAL_MARGIN_S = 1e-7
+
+
+class KnownArrivals:
+    """The requests an open-loop stream delivers to one instance, in delivery order, each at exactly its
+    ``arrival_time`` (lab/experiment/simulation.py sets it only then); ``next`` is the position of the first not yet
+    delivered (``Instance.add_request`` advances it)."""
+
+    __slots__ = ("requests", "next")
+
+    def __init__(self, requests: list) -> None:
+        self.requests = requests
+        self.next = 0
+
+    def peek(self, offset: int = 0):
+        """The request ``offset`` places after the next one to arrive, or None past the end."""
+        i = self.next + offset
+        requests = self.requests
+        return requests[i] if i < len(requests) else None
+
+
+def planned_arrival(plan: Plan, request) -> bool:
+    """Whether the jump ``plan`` admits ``request`` (an arrival it planned: it only joins the waiting queue)."""
+    return id(request) in plan.planned
+
+
+def _arrivals_allowed(inst, running: list, caching: bool) -> bool:
+    """Whether a jump may plan admissions on this instance now: one pipeline stage, no CPU KV tier, no swap copy
+    pending, and (with prefix caching) no running request whose blocks others may share (their frees are then
+    exact block counts)."""
+    if len(inst.options.stage_layers) > 1 or inst.kv_offload is not None or inst.swap.pending_s:
+        return False
+    return not caching or all(map(unique_content, running))
+
+
+class _Arrivals:
+    """A jump extended through planned admissions (:func:`_through_arrivals`): every participant, the running
+    requests first (position = batch order), then each admitted arrival; step times and end times of all its
+    schedules; ``hint``, the time of the first arrival it does not admit (inf if none)."""
+
+    __slots__ = ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst", "reqs", "admissions", "dts",
+                 "counts", "ends", "hint", "n_run")
+
+    def taken_by(self, i: int, m: int, bs: int) -> int:
+        """KV blocks participant i takes in schedules 0..m-1: its prompt's at its admission, then one each time
+        a decode's context crosses a block boundary."""
+        s0 = self.s0[i]
+        if m <= s0:
+            return 0
+        top = s0 + self.rem[i]
+        d = (top if top < m else m) - self.dfirst[i]
+        return self.base[i] + ((d + bs - 1) // bs if d > 0 else 0)
+
+    def bound(self, k: int, free: int, bs: int) -> int:
+        """The schedules (at most k) before the first that runs out of KV blocks (it would preempt): schedule j
+        does when ``free`` plus the blocks freed by completions up to its step falls below the blocks taken by
+        schedules 0..j. Between completions that margin only shrinks, so each stretch is checked at its end and
+        searched only if it runs out (the same rule as :func:`_bound`, over participants that join)."""
+        by_fin = sorted(range(len(self.fin)), key=self.fin.__getitem__)
+        fin, s0, held = self.fin, self.s0, self.held
+        alive: list[int] = []
+        joined = 0  # participants in position order whose first schedule has been reached
+        n = len(fin)
+        freed = 0
+        a = 0
+        pos = 0
+        while a < k:
+            f = fin[by_fin[pos]] if pos < n else k
+            b = f if f < k - 1 else k - 1
+            while joined < n and s0[joined] <= b:
+                alive.append(joined)
+                joined += 1
+
+            def short(j: int) -> bool:  # schedule j runs out of blocks
+                return sum(self.taken_by(i, j + 1, bs) for i in alive) > free + freed
+
+            if b >= a and short(b):
+                lo, hi = a - 1, b
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if short(mid):
+                        hi = mid
+                    else:
+                        lo = mid
+                return hi
+            if f >= k - 1:
+                return k
+            while pos < n and fin[by_fin[pos]] == f:
+                i = by_fin[pos]
+                freed += held[i]
+                alive.remove(i)
+                pos += 1
+            a = f + 1
+        return k
+
+    def keep(self, k: int) -> bool:
+        """Drop the admissions at schedule k or later (their arrivals are handled as any other); True if any
+        remain."""
+        adm = self.admissions
+        while adm and adm[-1][0] >= k:
+            adm.pop()
+        n = self.n_run + len(adm)
+        for name in ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst"):
+            del getattr(self, name)[n:]
+        del self.reqs[len(adm):]
+        return bool(adm)
+
+
+def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, running: list, computed0: list[int],
+                      rem: list[int], fin: list[int], dts: np.ndarray, counts: np.ndarray, ends: list[float],
+                      cap: int, stop_time: float, pad_table: np.ndarray) -> _Arrivals:
+    """Extend a planned stretch of decodes (``dts``, ``counts``, ``ends``: schedules from ``start``) through the
+    admissions of the next arrivals, while each is certain.
+
+    The next request R arrives at its known time t; the first schedule made after t (j, at the end of the step
+    under way) is the one that sees it. The jump admits R there when nothing else arrives before that schedule,
+    the scheduler's declared rule (``SchedulerBase.admits_whole``) says that schedule admits R alone with its
+    whole prompt, given the running count, the decodes it schedules first and the free blocks after their
+    allocations, and R's prompt can be computed in one step. Schedule j then computes the decodes and R's
+    prompt, priced by the cost model as the engine prices it (``Instance.price_step``: CUDA-graph padding, CPU
+    work), and from j + 1 on R decodes with the others until its ``stop_at``. The next stretch of decodes is
+    planned up to the arrival after R, and so on. The extension stops at the first arrival that is not certain
+    (it then sizes the jump as the expected next arrival does), at ``cap`` schedules and before ``stop_time``;
+    under async scheduling also before a schedule whose CPU work would show. :meth:`_Arrivals.bound` then cuts the
+    whole at the first schedule that would run out of KV blocks."""
+    opt = inst.options
+    cost = inst.cost_model
+    kv = inst.kv
+    bs = kv.block_size
+    sizes = opt.cudagraph_sizes
+    off = 1 if async_ else 0
+    n_run = len(running)
+    a = _Arrivals()
+    a.n_run = n_run
+    a.c0, a.rem, a.fin = list(computed0), list(rem), list(fin)
+    a.s0, a.first_tokens, a.base = [0] * n_run, [1] * n_run, [0] * n_run
+    a.held = [len(r.blocks) for r in running]
+    a.dfirst = [(-c) % bs for c in computed0]
+    a.reqs, a.admissions = [], []
+    dbase = list(computed0)  # participant i's decode at schedule j has context dbase[i] + j
+    d0 = [0] * n_run  # its first decode schedule
+    a.dts, a.counts, a.ends = dts.tolist(), counts.tolist(), ends
+    ends = a.ends
+    dts_l, counts_l = a.dts, a.counts
+    heap = [(f, i) for i, f in enumerate(fin)]
+    heapify(heap)
+    alive = list(range(n_run))
+    freed = 0
+    free = len(kv.pool.free_queue)
+    cpu_on = opt.cpu_base_s or opt.cpu_per_seq_s or opt.cpu_per_token_s or opt.cpu_per_new_request_s
+    scheduler = inst.scheduler
+    eps = _ARRIVAL_MARGIN_S
+    m = 0
+    while True:
+        r = known.peek(m)
+        if r is None:
+            a.hint = float("inf")
+            return a
+        t = a.hint = r.arrival_time
+        e = bisect_right(ends, t)
+        j = e + 1  # the first schedule made after t (schedule j is made when executed step j - 1 ends)
+        if j >= len(dts_l) or j >= cap:
+            return a
+        at = ends[e]
+        if t - (start if e == 0 else ends[e - 1]) <= eps or at - t <= eps or at >= stop_time:
+            return a
+        after = known.peek(m + 1)
+        if (after is not None and after.arrival_time <= at + eps) or r.num_computed_tokens or r.blocks:
+            return a
+        if inst.rejection_reason(r):
+            return a
+        while heap and heap[0][0] < j:
+            i = heappop(heap)[1]
+            alive.remove(i)
+            freed += a.held[i]
+        decoders = [i for i in alive if d0[i] <= j < a.s0[i] + a.rem[i]]
+        avail = free + freed - sum(a.taken_by(i, j + 1, bs) for i in alive)
+        if avail < 0 or not scheduler.admits_whole(inst, r, len(alive), len(decoders), avail):
+            return a
+        prompt = r.num_tokens
+        ctx = [dbase[i] + j for i in decoders]
+        shape = BatchShape.from_requests([1] * len(ctx) + [prompt], ctx + [0])
+        if sizes:
+            shape.padded_tokens = padded_size(sizes, shape.num_tokens)
+        dt = cost.step_time(shape)
+        if cpu_on:
+            cpu = (opt.cpu_base_s + opt.cpu_per_seq_s * shape.num_seqs + opt.cpu_per_token_s * shape.num_tokens
+                   + opt.cpu_per_new_request_s * 1)
+            if not async_:
+                dt += cpu
+            elif at + cpu > ends[j]:
+                return a  # its CPU work would show: the jump ends before it
+        del dts_l[j:], counts_l[j:], ends[j + off:]
+        dts_l.append(dt)
+        counts_l.append(len(decoders))
+        ends.append(ends[-1] + dt)
+        i = len(a.c0)
+        a.c0.append(0)
+        a.rem.append(r.stop_at)
+        a.s0.append(j)
+        a.first_tokens.append(prompt)
+        a.held.append(0)
+        a.base.append(-(-prompt // bs))
+        a.dfirst.append(j + 1 + (-prompt) % bs)
+        dbase.append(prompt - j - 1)
+        d0.append(j + 1)
+        f = j + r.stop_at - 1 + off
+        a.fin.append(f)
+        heappush(heap, (f, i))
+        alive.append(i)
+        a.admissions.append((j, i))
+        a.reqs.append(r)
+        m += 1
+        nxt = known.peek(m)
+        a.hint = nxt.arrival_time if nxt is not None else float("inf")
+        if not _decode_stretch(inst, a, alive, dbase, j + 1, cap, stop_time, async_, pad_table, cpu_on):
+            return a
+
+
+def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo: int, cap: int,
+                    stop_time: float, async_: bool, pad_table: np.ndarray, cpu_on) -> bool:
+    """Plan the decodes of ``alive`` from schedule ``j_lo`` on (appended to ``a``), in chunks until the next
+    arrival (``a.hint``), ``cap`` schedules, the last participant's last schedule or ``stop_time``. False when
+    the jump cannot go on after it (no participant left, or under async a schedule whose CPU work would show)."""
+    top = cap
+    last_sched = max(a.s0[i] + a.rem[i] for i in alive)
+    if last_sched < top:
+        top = last_sched
+    if j_lo >= top:
+        return False
+    ctx = []
+    rem = []
+    for i in alive:
+        left = a.s0[i] + a.rem[i] - j_lo
+        if left > 0:
+            ctx.append(dbase[i] + j_lo)
+            rem.append(left)
+    stretch = _Stretch(ctx, rem)
+    opt = inst.options
+    ends = a.ends
+    kk = min(top - j_lo, 64)
+    while True:
+        counts, dts = stretch.times(inst.cost_model, kk, pad_table)
+        if cpu_on:
+            cpu = opt.cpu_base_s + opt.cpu_per_seq_s * counts + opt.cpu_per_token_s * counts
+            if not async_:
+                dts = dts + cpu
+        seg = _end_times(ends[-1], None, dts)
+        if async_ and cpu_on:
+            # schedule j_lo + t is made when executed step j_lo + t - 1 ends and must be done when j_lo + t ends
+            made = np.concatenate(([ends[-2], ends[-1]], seg[:max(kk - 2, 0)]))[:kk]
+            done = np.concatenate(([ends[-1]], seg[:kk - 1]))
+            hidden = made + cpu <= done
+            if not hidden.all():
+                cut = int(np.argmin(hidden))
+                a.dts += dts[:cut].tolist()
+                a.counts += counts[:cut].tolist()
+                ends += seg[:cut].tolist()
+                return False
+        last = float(seg[-1])
+        if kk == top - j_lo or last >= a.hint or last >= stop_time:
+            break
+        kk = min(top - j_lo, kk * 4)
+    a.dts += dts.tolist()
+    a.counts += counts.tolist()
+    ends += seg.tolist()
+    return True
 
 
 def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin: list[int], k: int, bs: int,
@@ -378,6 +704,35 @@ def _pad_table(sizes: tuple[int, ...], top: int) -> np.ndarray:
     return hit[1]
 
 
+def _admission_events(p: Plan, n_run: int, k: int, bs: int) -> None:
+    """Add the block operations of the planned admissions to ``p.events`` (kind 2: admit the request, allocating
+    its prompt's blocks, after the decodes of that schedule; then kind 0 as its decodes cross block boundaries)."""
+    ev = p.events
+    s0, rem, first_tokens = p.s0, p.rem, p.first_tokens
+    for j, i in p.admissions:
+        ev.append((j, i, 2))
+        top = min(s0[i] + rem[i], k)
+        for jd in range(j + 1 + (-first_tokens[i]) % bs, top, bs):
+            ev.append((jd, i, 0))
+    ev.sort()
+
+
+def _admission_stops(p: Plan) -> None:
+    """Steps whose outputs :func:`apply` takes one at a time around each planned admission at schedule j: the
+    step whose row is the last before schedule j (j - 1, the arrival counts as waiting there) and the step that
+    computes the prompt (it has prefill tokens and gives the request its first token)."""
+    off = 1 if p.async_ else 0
+    stops = set(p.stops)
+    for j, i in p.admissions:
+        p.wait_rows[j - 1] = p.wait_rows.get(j - 1, 0) + 1
+        stops.add(j - 1)
+        q = j + off
+        if q < p.num_schedules:
+            p.admitted_at.setdefault(q, []).append(i)
+            stops.add(q)
+    p.stops = sorted(stops)
+
+
 def _block_events(computed0: list[int], rem: list[int], k: int, bs: int, async_: bool, caching: bool,
                   unique: list[bool]) -> list[tuple[int, int, int]]:
     """(schedule j, request position, kind) in execution order; kind 0 = take a new block, 1 = register the
@@ -416,6 +771,8 @@ def decode_times(cost, counts, dsum, dmax, dmin, padded, ctx_by_rem: list[int]) 
 
 def step_for(plan: Plan, j: int) -> ScheduledStep:
     """The engine's step object for planned schedule ``j`` (scheduled at its planned time)."""
+    if plan.s0 is not None:
+        return _step_with_admissions(plan, j)
     idx = [i for i, m in enumerate(plan.rem) if m > j]
     reqs = [plan.reqs[i] for i in idx]
     ctx = [plan.computed0[i] + j for i in idx]
@@ -427,10 +784,34 @@ def step_for(plan: Plan, j: int) -> ScheduledStep:
     return ScheduledStep(reqs, [1] * B, [True] * B, shape, [float(plan.dts[j])], at, used, 0)
 
 
+def _step_with_admissions(plan: Plan, j: int) -> ScheduledStep:
+    """:func:`step_for` in a jump with planned admissions: participant i takes part in schedules s0_i ..
+    s0_i + rem_i - 1, computing ``first_tokens[i]`` tokens at the first."""
+    reqs = []
+    news = []
+    before = []
+    s0, rem, ft, c0 = plan.s0, plan.rem, plan.first_tokens, plan.computed0
+    for i, r in enumerate(plan.reqs):
+        done = j - s0[i]
+        if 0 <= done < rem[i]:
+            reqs.append(r)
+            news.append(ft[i] if done == 0 else 1)
+            before.append(c0[i] + (0 if done == 0 else ft[i] + done - 1))
+    shape = BatchShape.from_requests(news, before)
+    shape.padded_tokens = padded_size(plan.sizes, shape.num_tokens)
+    at = plan.start if j == 0 else plan.ends_list[j - 1]
+    used = plan.used[j] if j < len(plan.used) else 0
+    B = len(reqs)
+    return ScheduledStep(reqs, news, [True] * B, shape, [float(plan.dts[j])], at, used, 0)
+
+
 def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
     """Set the counters of the requests at ``indices`` (positions in the plan) for ``n_sched`` schedules and
     ``n_out`` steps applied: C, outputs, placeholders and tokens in flight, full blocks (unique content), time of
     the last token."""
+    if plan.s0 is not None:
+        _sync_admitted_counters(plan, indices, n_sched, n_out)
+        return
     reqs = plan.reqs
     async_ = plan.async_
     ends_list = plan.ends_list
@@ -458,6 +839,52 @@ def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
             r.last_token_time = ends_list[out - 1]
 
 
+def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
+    """:func:`_sync_counters` in a jump with planned admissions: participant i's schedules start at s0_i (its
+    first computes ``first_tokens[i]`` tokens) and, for an admitted arrival, its outputs one step after each
+    (sync: the same step). A participant whose first schedule is not applied yet is left as it is."""
+    reqs = plan.reqs
+    async_ = plan.async_
+    ends_list = plan.ends_list
+    cu = plan.caching_unique
+    bs = plan.block_size
+    s0, rem, ft = plan.s0, plan.rem, plan.first_tokens
+    for i in indices:
+        m = rem[i]
+        sched = n_sched - s0[i]
+        if sched <= 0:
+            continue
+        if sched > m:
+            sched = m
+        if s0[i] == 0:  # running at the jump's start
+            if async_:
+                out = 0 if n_out == 0 else (n_out if n_out < m + 1 else m + 1)
+                in_flight = 1 + sched - out
+            else:
+                out = n_out if n_out < m else m
+                in_flight = sched - out
+            last = out - 1
+        else:  # admitted at schedule s0: its k-th output comes from step s0 + k - 1 (+ 1 async)
+            out = n_out - s0[i] - (1 if async_ else 0)
+            out = 0 if out < 0 else (out if out < m else m)
+            in_flight = sched - out
+            last = s0[i] + (1 if async_ else 0) + out - 1
+        r = reqs[i]
+        c = plan.computed0[i] + ft[i] + sched - 1
+        r.num_computed_tokens = c
+        r.num_output_tokens = plan.outputs0[i] + out
+        r.num_output_placeholders = in_flight if async_ else 0
+        # tokens in flight: the prompt while the step computing it is (its first output not yet out), + decodes
+        r.inflight_tokens = in_flight + (ft[i] - 1 if out == 0 and s0[i] else 0)
+        if cu[i]:
+            if s0[i] and sched == 1:  # registered by the admission: the prompt's full blocks
+                r.num_cached_blocks = c // bs
+            else:
+                r.num_cached_blocks = (c - 1) // bs if async_ else c // bs
+        if out:
+            r.last_token_time = ends_list[last]
+
+
 def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
     """Bring the instance to the state after ``n_sched`` planned schedules and ``n_out`` completed steps, in the
     order the event loop would: schedule 0, step 0's output, schedule 1, step 1's output, ... Stretches without a
@@ -471,7 +898,7 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
     ev_pos = plan._ev_pos
     a_s, a_o = plan.applied_sched, plan.applied_out
     async_ = plan.async_
-    fin_steps = sorted(plan.finish_at)
+    fin_steps = plan.stops
     while a_s < n_sched or a_o < n_out:
         i_f = bisect_left(fin_steps, a_o)
         qf = fin_steps[i_f] if i_f < len(fin_steps) else 1 << 60
@@ -493,6 +920,9 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
             if kind == 0:
                 r.blocks.append(pool.get_new_block())
                 cur += 1
+            elif kind == 2:
+                _admit_planned(inst, plan, i, j)
+                cur = usable - len(pool.free_queue)
             else:
                 kv.register_full_blocks(r, (plan.computed0[i] + j + 1) // bs if not async_ else (plan.computed0[i] + j) // bs)
             ev_pos += 1
@@ -508,8 +938,30 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
     _sync_counters(plan, [i for i, r in enumerate(reqs) if r.status == running], n_sched, n_out)
 
 
+def _admit_planned(inst, plan: Plan, i: int, j: int) -> None:
+    """Planned schedule ``j`` admits participant ``i`` (an arrival now in the waiting queue) as
+    ``schedule_waiting`` would: its prompt's blocks, then the running list, at the schedule's time.
+
+    Raises:
+        RuntimeError: its blocks could not be allocated (the plan's KV accounting is wrong).
+    """
+    r = plan.reqs[i]
+    at = plan.start if j == 0 else plan.ends_list[j - 1]
+    waiting = inst.waiting
+    if waiting.peek() is r:
+        waiting.pop()
+    else:
+        waiting.remove(r)
+    if not inst.kv.allocate_slots(r, plan.first_tokens[i], full_sequence_must_fit=inst.config.scheduler_reserve_full_isl):
+        raise RuntimeError(f"fast-forward: planned admission of request {r.request_id} found no KV blocks")
+    inst.admit(r, 0, at)
+    if r.first_scheduled_time is None:
+        r.first_scheduled_time = at
+
+
 def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
-    """Apply the outputs of steps q0..q1-1; only the last may carry completions."""
+    """Apply the outputs of steps q0..q1-1; only the last may carry completions or a planned admission's
+    prompt."""
     async_ = plan.async_
     counts = plan_counts(plan)
     steps = inst.steps
@@ -527,22 +979,24 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         for i in plan.earlier:
             inst.itl.add(end - plan.reqs[i].last_token_time)
         if plan.new_first:
-            for r in plan.reqs:
+            for r in first.requests:
                 if r.first_token_time is None:
                     r.first_token_time = end
                     if r.events is not None:
                         r.events.append((end, "first_token"))
         _finishes(inst, plan, 0, n_sched)
         steps.append(plan.start, first.dt, sh.num_tokens, sh.num_tokens - sh.num_decodes, sh.num_decodes,
-                     sh.num_seqs, first.used_blocks, len(inst.running), nw + bisect_left(arrivals, end),
+                     sh.num_seqs, first.used_blocks, len(inst.running),
+                     nw + bisect_left(arrivals, end) + plan.wait_rows.get(0, 0),
                      first.num_preempted, B, first.transfer_s, first.busy_s)
         inst.busy_time += first.dt
         q = 1
     if q >= q1:
         return
     off = 1 if async_ else 0
-    last_fin = q1 - 1 in plan.finish_at
+    last_fin = q1 - 1 in plan.finish_at or q1 - 1 in plan.admitted_at
     qb = q1 - 1 if last_fin else q1  # outputs q..qb-1 in bulk
+    wait_rows = plan.wait_rows
     if qb > q:
         js = slice(q - off, qb - off)
         e = plan.ends_list[q:qb]
@@ -552,8 +1006,11 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         us = plan.used[q - off:qb - off]
         inst.itl.extend_pairs([a - b for a, b in zip(e, st)], bs_)
         n = qb - q
-        steps.extend(st, ds, bs_, us, len(inst.running),
-                     [nw + bisect_left(arrivals, t) for t in e] if arrivals else nw)
+        if wait_rows:
+            waits = [nw + wait_rows.get(x, 0) for x in range(q, qb)]
+        else:
+            waits = [nw + bisect_left(arrivals, t) for t in e] if arrivals else nw
+        steps.extend(st, ds, bs_, us, len(inst.running), waits)
         busy = inst.busy_time
         for d in ds:
             busy += d
@@ -564,11 +1021,28 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         end = plan.ends_list[q]
         start = plan.start if q == 0 else plan.ends_list[q - 1]
         B = int(counts[j])
-        inst.itl.add(end - start, B)
+        if B:
+            inst.itl.add(end - start, B)
+        admitted = plan.admitted_at.get(q)
+        prompts = 0  # prefill tokens (a one-token prompt is a decode in the step's shape)
+        decodes = B
+        if admitted:
+            for i in admitted:  # their first token
+                r = plan.reqs[i]
+                if plan.first_tokens[i] > 1:
+                    prompts += plan.first_tokens[i]
+                else:
+                    decodes += 1
+                r.first_token_time = end
+                if r.events is not None:
+                    r.events.append((end, "first_token"))
+        n = len(admitted) if admitted else 0
         _finishes(inst, plan, q, n_sched)
         u = plan.used[j]
         d = float(plan.dts[j])
-        steps.append(start, d, B, 0, B, B, u, len(inst.running), nw + bisect_left(arrivals, end), 0, B, 0.0, d)
+        waits = nw + bisect_left(arrivals, end) + wait_rows.get(q, 0)
+        steps.append(start, d, decodes + prompts, prompts, decodes, B + n, u, len(inst.running), waits, 0, B + n, 0.0,
+                     d)
         inst.busy_time += d
 
 

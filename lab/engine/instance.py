@@ -178,6 +178,9 @@ class Instance:
         self.hands_off = False
         # Expected time of this instance's next arrival (sizes fast-forward plans; correctness never depends on it)
         self.arrival_hint: Callable[[], float] = lambda: float("inf")
+        # The requests an open-loop stream will deliver here, in order (set by the simulation when they and their
+        # times are known in advance): a jump may then plan their admissions (lab/engine/fastforward.py)
+        self.known_arrivals: ff.KnownArrivals | None = None
         self._last_arrival = 0.0
         self._gap_ema = 0.0
         self.num_jumps = 0
@@ -194,7 +197,10 @@ class Instance:
         t = self.env.now
         return t if t > self.clock else self.clock
 
-    def admit(self, request: Request, num_computed_tokens: int) -> None:
+    def admit(self, request: Request, num_computed_tokens: int, at: float | None = None) -> None:
+        """Move ``request`` into the running list with ``num_computed_tokens`` computed (its prefix hit), at the
+        current time or, from a fast-forward jump that applies a planned admission, at ``at`` (seconds)."""
+        now = self.now if at is None else at
         self._admitted += 1
         request.num_computed_tokens = num_computed_tokens
         resumed = request.status == RequestStatus.PREEMPTED
@@ -202,7 +208,7 @@ class Instance:
         self.running.append(request)
         remote = request.remote
         if remote is not None and "d_scheduled" not in remote.times and remote.d_instance == self.instance_id:
-            remote.times["d_scheduled"] = self.now
+            remote.times["d_scheduled"] = now
         if not request.prefix_hit_recorded:
             request.prefix_hit_recorded = True
             request.prefix_hit_tokens = num_computed_tokens
@@ -211,10 +217,10 @@ class Instance:
         swap_detail = self.swap.swap_in(request) if request.swapped_tokens else ""
         if request.events is not None:
             if not resumed:
-                request.events.append((self.now, "scheduled",
+                request.events.append((now, "scheduled",
                                        f"prefix hit {num_computed_tokens} of {request.num_tokens} tokens"))
             else:
-                request.events.append((self.now, "resumed", swap_detail or (
+                request.events.append((now, "resumed", swap_detail or (
                     f"recompute {request.num_tokens - num_computed_tokens} tokens (prefix hit {num_computed_tokens})")))
 
     def preempt(self, request: Request, reason: str = "", requeue: str | None = None) -> None:
@@ -303,20 +309,23 @@ class Instance:
     # ---- arrivals and hand-offs ----
     def add_request(self, request: Request) -> None:
         """Accept an arriving request, or reject it with a reason if it can never be served."""
+        known = self.known_arrivals
+        if known is not None and known.peek() is not request:
+            known = self.known_arrivals = None  # not the stream it was given: no more planned admissions
+        if known is not None:
+            known.next += 1
+            p = self._plan
+            if p is not None and ff.planned_arrival(p, request):
+                self._note_arrival(request)  # the jump under way admits it (lab/engine/fastforward.py)
+                request.status = RequestStatus.WAITING
+                self.waiting.add(request)
+                return
         head = self._blocked_head()
         deferred = head is None and self._before_arrival()
         if self.finish_triggers_arrival and not self.window.steps and request.arrival_time > self.clock:
             # closed loop: an idle instance starts at the send's exact time, not SimPy's clock (one ulp off)
             self.clock = request.arrival_time
-        now = self.now
-        gap = now - self._last_arrival
-        self._gap_ema = gap if not self._gap_ema else 0.8 * self._gap_ema + 0.2 * gap
-        self._last_arrival = now
-        request.instance_id = self.instance_id
-        request.pool = self.pool
-        request.served_by.append(self.instance_id)
-        if self.record_events:
-            request.events = [(self.now, "arrived")]
+        self._note_arrival(request)
         reason = self.rejection_reason(request)
         if reason:
             if deferred:  # a rejected request never waits: the jump's last row does not count it
@@ -328,6 +337,18 @@ class Instance:
         if head is not None:
             self._queued_behind(head)
         self.wake()
+
+    def _note_arrival(self, request: Request) -> None:
+        """An arrival's bookkeeping: the gap estimate, the request's instance and its first event."""
+        now = self.now
+        gap = now - self._last_arrival
+        self._gap_ema = gap if not self._gap_ema else 0.8 * self._gap_ema + 0.2 * gap
+        self._last_arrival = now
+        request.instance_id = self.instance_id
+        request.pool = self.pool
+        request.served_by.append(self.instance_id)
+        if self.record_events:
+            request.events = [(now, "arrived")]
 
     def receive(self, request: Request) -> None:
         """Take over a request handed on from another instance with its computed state: it keeps its tokens,
@@ -449,6 +470,9 @@ class Instance:
         None. An arrival queued behind it changes no schedule until the next completion, so it need not end a jump
         nor make the next step a real one (:meth:`_queued_behind`)."""
         if self._ff and self.steady and self.waiting:
+            p = self._plan
+            if p is not None and p.admissions:  # the queue holds arrivals the jump admits, not a blocked head
+                return None
             return self.waiting.peek()
         return None
 

@@ -31,6 +31,7 @@ from lab.costmodel.roofline import Efficiency, RooflineCostModel
 from lab.costmodel.speculative import Drafter
 from lab.experiment import speculative as spec_setup
 from lab.core.step_log import StepLog
+from lab.engine.fastforward import KnownArrivals
 from lab.engine.instance import EngineOptions, Instance
 from lab.core.kv_cache import KVCacheManager
 from lab.core.kv_offload import KVOffloader, cpu_tier_blocks
@@ -488,7 +489,7 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         env.process(clients[0].run())
     else:
         routed = route_open_loop(cluster, reqs, frontend)
-        env.process(_open_loop_arrivals(env, reqs, arrive, routed, cluster))
+        env.process(_open_loop_arrivals(env, reqs, arrive, routed, cluster, frontend.is_zero))
     try:
         _run_env(env, run.horizon)
     except BaseException:
@@ -545,7 +546,7 @@ def next_arrival_times(reqs: list[Request], routed: list[int], num_instances: in
 
 
 def _open_loop_arrivals(env: simpy.Environment, reqs: list[Request], arrive: Callable[[Request], None],
-                        routed: list[int] | None, cluster: Cluster):
+                        routed: list[int] | None, cluster: Cluster, direct: bool = False):
     """The open-loop arrival process (a generator of SimPy events for ``env.process``): each request is handed to
     ``arrive`` at its ``arrival_time``, in list order.
 
@@ -554,14 +555,24 @@ def _open_loop_arrivals(env: simpy.Environment, reqs: list[Request], arrive: Cal
     arrives and arrivals routed elsewhere never cut them; the other hints stay the instances' estimates
     (``Instance.expected_next_arrival``). Either way results are the same: the hint only sizes jumps. (A pool
     with a hand-off keeps the estimate: a request that leaves in the middle of a jump is handed on when the jump
-    is applied, so longer jumps there would change when it arrives in the next pool.)"""
+    is applied, so longer jumps there would change when it arrives in the next pool.)
+
+    With ``direct`` (no front end between the stream and the engines, so each request reaches its instance at
+    exactly its ``arrival_time``) those instances also get the requests they will receive
+    (``Instance.known_arrivals``): a jump may then plan their admissions (lab/engine/fastforward.py)."""
     if routed is None:
         return _deliver_at_arrival_times(env, reqs, arrive, None, None, None)
     entry = cluster.entry_instances
     nxt, following = next_arrival_times(reqs, routed, len(entry))
+    per_instance: list[list[Request]] = [[] for _ in entry]
+    if direct:
+        for r, k in zip(reqs, routed):
+            per_instance[k].append(r)
     for k, inst in enumerate(entry):
         if cluster.pools[inst.pool].hand_off is None:
             inst.arrival_hint = lambda k=k: nxt[k]
+            if direct:
+                inst.known_arrivals = KnownArrivals(per_instance[k])
     return _deliver_at_arrival_times(env, reqs, arrive, routed, nxt, following)
 
 
