@@ -396,3 +396,58 @@ def test_a_jump_takes_a_request_whose_previous_token_came_before_the_step_in_fli
     res = assert_same(spec, version="0.33", seqs=16, blocks=40, caching=False, preemption=preemption)
     assert planned, "no plan started with such a request"
     assert res.instances[0].num_preemptions > 0
+
+
+low_load_spec = st.lists(
+    st.tuples(st.floats(0.004, 0.25), st.integers(1, 600), st.integers(1, 120),
+              st.one_of(st.none(), st.none(), st.none(), st.integers(1, 3))),
+    min_size=2, max_size=40)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=low_load_spec, version=st.sampled_from(["0.33", "0.11"]), caching=st.booleans(),
+       cpu=st.sampled_from([None, 0.0, 0.003]), blocks=st.sampled_from([60, 120, 400]),
+       seqs=st.sampled_from([2, 4, 16]), mbt=st.sampled_from([64, 256, 1024]), cudagraph=st.booleans(),
+       instances=st.sampled_from([1, 1, 2, 3]), horizon=st.sampled_from([None, None, 1.5]))
+def test_fast_forward_equals_step_by_step_through_planned_admissions(spec, version, caching, cpu, blocks, seqs, mbt,
+                                                                     cudagraph, instances, horizon):
+    # Arrivals known in advance (one instance, or round robin) at low load: jumps go on through admissions that
+    # the scheduler declares certain (SchedulerBase.admits_whole) and end at the first that is not (a prompt the
+    # budget chunks, a full batch or cache, a prompt others may share, two arrivals for one schedule, CPU work
+    # that would show); cpu None = the default CPU overhead model
+    over = {} if cpu is None else {"cpu": cpu}
+    assert_same(spec, version=version, caching=caching, blocks=blocks, seqs=seqs, mbt=mbt, cudagraph=cudagraph,
+                instances=instances, horizon=horizon, **over)
+
+
+@pytest.mark.parametrize("version", ["0.33", "0.11"])
+def test_jumps_admit_arrivals_known_in_advance(version):
+    # 60 requests at low load on one instance: nearly every arrival is admitted inside a jump, so there are far
+    # fewer jumps than arrivals; a router that reads instance state gets no planned admissions (arrivals unknown)
+    spec = [(0.03 + 0.011 * (i % 7), 30 + 41 * i % 200, 20 + 17 * i % 90, None) for i in range(60)]
+    inst = assert_same(spec, version=version).instances[0]
+    assert inst.num_planned_admissions >= 55 and inst.num_jumps < 5
+    res = assert_same(spec, version=version, instances=2, router="test_least_running")
+    assert sum(i.num_planned_admissions for i in res.instances) == 0
+
+
+def test_the_vllm_v1_admission_rule_for_a_lone_arrival():
+    from lab.experiment.simulation import simulate as run_exp
+    from policies.vllm_v1 import VLLMV1Scheduler
+
+    exp = experiment(True, seqs=4, mbt=256, blocks=100, caching=False)
+    inst = run_exp(exp, build([(0.01, 10, 2, None)])).instances[0]
+    rule = inst.scheduler.admits_whole
+    r = Request(99, 1.0, 200, 10)
+    assert rule(inst, r, 1, 1, 20)  # 13 blocks of 16 tokens, 255 tokens of budget left
+    assert not rule(inst, r, 4, 4, 20)  # max_num_seqs reached
+    assert not rule(inst, r, 3, 60, 20)  # 196 tokens of budget left: the prompt would be chunked
+    assert not rule(inst, r, 1, 1, 12)  # 13 blocks needed
+    assert not rule(inst, Request(98, 1.0, 200, 10, prompt_token_ids=[1] * 200), 1, 1, 20) or \
+        not inst.kv.enable_prefix_caching
+
+    class OwnSchedule(VLLMV1Scheduler):
+        def schedule(self, engine):
+            return super().schedule(engine)
+
+    assert not OwnSchedule().admits_whole(inst, r, 1, 1, 20)

@@ -955,6 +955,7 @@ def _admit_planned(inst, plan: Plan, i: int, j: int) -> None:
     if not inst.kv.allocate_slots(r, plan.first_tokens[i], full_sequence_must_fit=inst.config.scheduler_reserve_full_isl):
         raise RuntimeError(f"fast-forward: planned admission of request {r.request_id} found no KV blocks")
     inst.admit(r, 0, at)
+    inst.num_planned_admissions += 1
     if r.first_scheduled_time is None:
         r.first_scheduled_time = at
 

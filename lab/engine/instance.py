@@ -186,6 +186,7 @@ class Instance:
         self.num_jumps = 0
         self.jumped_steps = 0
         self.num_absorbed_arrivals = 0  # arrivals queued behind a blocked head during a jump, which went on
+        self.num_planned_admissions = 0  # arrivals a jump admitted (known in advance; lab/engine/fastforward.py)
         self._ff = (opt.fast_forward and not opt.record_breakdown and scheduler.supports_fast_forward
                     and pp == 1 and start and acceptance is None)  # drafts are drawn step by step
         self.process = env.process(self._loop()) if start else None
