@@ -49,13 +49,15 @@ from policies import PolicyError  # noqa: E402
 # (owner, attribute, label): the functions timed, in the order the table lists them
 TIMED = [
     (fastforward, "apply", "fastforward.apply (a jump's bookkeeping)"),
-    (fastforward, "_outputs", "  fastforward._outputs (a stretch between completions)"),
+    (fastforward, "_effects", "  fastforward._effects (first tokens and completions of a stretch)"),
     (instance.Instance, "complete", "  Instance.complete (a completion in a jump)"),
     (kv_cache.BlockPool, "free_unique", "  BlockPool.free_unique (a finished request's blocks)"),
-    (step_log.StepLog, "extend", "  StepLog.extend (a stretch's step-log rows)"),
+    (fastforward, "_admit_planned", "  fastforward._admit_planned (an admission in a jump)"),
+    (fastforward, "_rows", "  fastforward._rows (a jump's step-log rows and ITL samples)"),
     (fastforward, "plan", "fastforward.plan"),
     (fastforward, "decode_times", "  fastforward.decode_times (the plan's step times)"),
     (fastforward, "_bound", "  fastforward._bound (KV and admission bound)"),
+    (fastforward, "_through_arrivals", "  fastforward._through_arrivals (planned admissions)"),
     (fastforward, "_block_events", "  fastforward._block_events"),
     (instance.Instance, "schedule_step", "Instance.schedule_step (a real schedule)"),
     (instance.Instance, "price_step", "Instance.price_step (a real step's cost)"),
@@ -183,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - t0
     steps = sum(len(i.steps) for i in res.instances)
     jumped = sum(i.jumped_steps for i in res.instances)
+    planned = sum(i.num_planned_admissions for i in res.instances)
     print(f"{a.experiment}: {len(reqs):,} request{'s' if len(reqs) != 1 else ''}, {steps:,} steps, {jumped:,} "
-          f"fast-forwarded ({jumped / max(steps, 1):.0%}), "
+          f"fast-forwarded ({jumped / max(steps, 1):.0%}), {planned:,} admissions inside jumps, "
           f"{wall:.2f} s of simulation with the timers\n")
     print("| function | calls | seconds | us per call |\n|---|---:|---:|---:|")
     for _, _, label in TIMED:

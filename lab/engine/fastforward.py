@@ -71,7 +71,7 @@ class Plan:
                  "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "earlier", "used", "finish_at",
                  "sizes", "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list",
                  "arrivals", "admit_after", "s0", "first_tokens", "admissions", "stops", "admitted_at", "wait_rows",
-                 "planned")
+                 "planned", "fin_sorted", "adm_sched")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -270,6 +270,8 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
             finish_at.setdefault(f, []).append(i)
     p.finish_at = finish_at
     p.stops = sorted(finish_at)
+    p.fin_sorted = sorted(f for f in fin if f < k)
+    p.adm_sched = [j for j, _ in p.admissions]
     if p.admissions:
         _admission_stops(p)
     p.admit_after = admit_after
@@ -365,15 +367,18 @@ class _Arrivals:
     __slots__ = ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst", "reqs", "admissions", "dts",
                  "counts", "ends", "hint", "n_run")
 
-    def taken_by(self, i: int, m: int, bs: int) -> int:
-        """KV blocks participant i takes in schedules 0..m-1: its prompt's at its admission, then one each time
-        a decode's context crosses a block boundary."""
-        s0 = self.s0[i]
-        if m <= s0:
-            return 0
-        top = s0 + self.rem[i]
-        d = (top if top < m else m) - self.dfirst[i]
-        return self.base[i] + ((d + bs - 1) // bs if d > 0 else 0)
+    def taken_by(self, alive: list[int], m: int, bs: int) -> int:
+        """KV blocks the participants ``alive`` take in schedules 0..m-1: each its prompt's at its admission,
+        then one each time a decode's context crosses a block boundary."""
+        s0, rem, dfirst, base = self.s0, self.rem, self.dfirst, self.base
+        total = 0
+        for i in alive:
+            s = s0[i]
+            if m > s:
+                top = s + rem[i]
+                d = (top if top < m else m) - dfirst[i]
+                total += base[i] + ((d + bs - 1) // bs if d > 0 else 0)
+        return total
 
     def bound(self, k: int, free: int, bs: int) -> int:
         """The schedules (at most k) before the first that runs out of KV blocks (it would preempt): schedule j
@@ -396,7 +401,7 @@ class _Arrivals:
                 joined += 1
 
             def short(j: int) -> bool:  # schedule j runs out of blocks
-                return sum(self.taken_by(i, j + 1, bs) for i in alive) > free + freed
+                return self.taken_by(alive, j + 1, bs) > free + freed
 
             if b >= a and short(b):
                 lo, hi = a - 1, b
@@ -498,7 +503,7 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
             alive.remove(i)
             freed += a.held[i]
         decoders = [i for i in alive if d0[i] <= j < a.s0[i] + a.rem[i]]
-        avail = free + freed - sum(a.taken_by(i, j + 1, bs) for i in alive)
+        avail = free + freed - a.taken_by(alive, j + 1, bs)
         if avail < 0 or not scheduler.admits_whole(inst, r, len(alive), len(decoders), avail):
             return a
         prompt = r.num_tokens
@@ -718,14 +723,13 @@ def _admission_events(p: Plan, n_run: int, k: int, bs: int) -> None:
 
 
 def _admission_stops(p: Plan) -> None:
-    """Steps whose outputs :func:`apply` takes one at a time around each planned admission at schedule j: the
-    step whose row is the last before schedule j (j - 1, the arrival counts as waiting there) and the step that
-    computes the prompt (it has prefill tokens and gives the request its first token)."""
+    """For each planned admission at schedule j: the row of step j - 1 (the last before schedule j) counts the
+    arrival as waiting, and the step that computes the prompt (j, async j + 1) is one whose outputs :func:`apply`
+    takes on their own (it gives the request its first token; its row has the prompt's tokens)."""
     off = 1 if p.async_ else 0
     stops = set(p.stops)
     for j, i in p.admissions:
         p.wait_rows[j - 1] = p.wait_rows.get(j - 1, 0) + 1
-        stops.add(j - 1)
         q = j + off
         if q < p.num_schedules:
             p.admitted_at.setdefault(q, []).append(i)
@@ -899,6 +903,7 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
     a_s, a_o = plan.applied_sched, plan.applied_out
     async_ = plan.async_
     fin_steps = plan.stops
+    q_first = a_o
     while a_s < n_sched or a_o < n_out:
         i_f = bisect_left(fin_steps, a_o)
         qf = fin_steps[i_f] if i_f < len(fin_steps) else 1 << 60
@@ -930,8 +935,9 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
             used.extend([cur] * (s_end - j_prev))
         a_s = max(a_s, s_end)
         if o_end > a_o:
-            _outputs(inst, plan, a_o, o_end, a_s)
+            _effects(inst, plan, a_o, o_end, a_s)
             a_o = o_end
+    _rows(inst, plan, q_first, a_o, a_s)
     plan._ev_pos = ev_pos
     plan.applied_sched, plan.applied_out = a_s, a_o
     running = RequestStatus.RUNNING
@@ -960,23 +966,14 @@ def _admit_planned(inst, plan: Plan, i: int, j: int) -> None:
         r.first_scheduled_time = at
 
 
-def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
-    """Apply the outputs of steps q0..q1-1; only the last may carry completions or a planned admission's
-    prompt."""
-    async_ = plan.async_
-    counts = plan_counts(plan)
-    steps = inst.steps
-    nw = plan.num_waiting
-    arrivals = plan.arrivals
+def _effects(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
+    """Apply what the outputs of steps q0..q1-1 do to requests (their rows come from :func:`_rows`): first
+    tokens, ITL samples of requests whose previous token came before the step in flight, completions; only the
+    last step may carry completions or a planned admission's prompt."""
     q = q0
-    if async_ and q == 0:
+    if plan.async_ and q == 0:
         first = plan.first
         end = plan.ends_list[0]
-        sh = first.shape
-        B = len(first.requests)
-        same_gap = B - plan.new_first - len(plan.earlier)  # requests whose last token came at the jump's start
-        if same_gap:
-            inst.itl.add(end - plan.start, same_gap)
         for i in plan.earlier:
             inst.itl.add(end - plan.reqs[i].last_token_time)
         if plan.new_first:
@@ -986,65 +983,107 @@ def _outputs(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
                     if r.events is not None:
                         r.events.append((end, "first_token"))
         _finishes(inst, plan, 0, n_sched)
+        q = 1
+    last = q1 - 1
+    if last < q:
+        return
+    admitted = plan.admitted_at.get(last)
+    if admitted:
+        end = plan.ends_list[last]
+        for i in admitted:  # their first token
+            r = plan.reqs[i]
+            r.first_token_time = end
+            if r.events is not None:
+                r.events.append((end, "first_token"))
+    _finishes(inst, plan, last, n_sched)
+
+
+def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
+    """Log the rows of steps q0..q1-1 in one go (after :func:`_effects`), with their ITL samples and busy time.
+    A row's running count is the instance's now, less the admissions after it, plus the completions after it."""
+    if q1 <= q0:
+        return
+    async_ = plan.async_
+    counts = plan_counts(plan)
+    steps = inst.steps
+    nw = plan.num_waiting
+    arrivals = plan.arrivals
+    wait_rows = plan.wait_rows
+    ends = plan.ends_list
+    fins = plan.fin_sorted
+    adm = plan.adm_sched
+    running_end = len(inst.running)
+    n_fin = bisect_left(fins, q1)
+    n_adm = bisect_left(adm, n_sched)
+
+    def running_at(q: int) -> int:  # the async step in flight's row
+        return running_end - n_adm + bisect_right(adm, q) + n_fin - bisect_right(fins, q)
+
+    q = q0
+    if async_ and q == 0:
+        first = plan.first
+        end = ends[0]
+        sh = first.shape
+        B = len(first.requests)
+        same_gap = B - plan.new_first - len(plan.earlier)  # requests whose last token came at the jump's start
+        if same_gap:
+            inst.itl.add(end - plan.start, same_gap)
         steps.append(plan.start, first.dt, sh.num_tokens, sh.num_tokens - sh.num_decodes, sh.num_decodes,
-                     sh.num_seqs, first.used_blocks, len(inst.running),
-                     nw + bisect_left(arrivals, end) + plan.wait_rows.get(0, 0),
+                     sh.num_seqs, first.used_blocks, running_at(0),
+                     nw + bisect_left(arrivals, end) + wait_rows.get(0, 0),
                      first.num_preempted, B, first.transfer_s, first.busy_s)
         inst.busy_time += first.dt
         q = 1
-    if q >= q1:
-        return
+        if q >= q1:
+            return
     off = 1 if async_ else 0
-    last_fin = q1 - 1 in plan.finish_at or q1 - 1 in plan.admitted_at
-    qb = q1 - 1 if last_fin else q1  # outputs q..qb-1 in bulk
-    wait_rows = plan.wait_rows
-    if qb > q:
-        js = slice(q - off, qb - off)
-        e = plan.ends_list[q:qb]
-        st = [plan.start if q == 0 else plan.ends_list[q - 1]] + e[:-1]
-        ds = plan.dts[js].tolist()
-        bs_ = counts[js].tolist()
-        us = plan.used[q - off:qb - off]
-        inst.itl.extend_pairs([a - b for a, b in zip(e, st)], bs_)
-        n = qb - q
-        if wait_rows:
-            waits = [nw + wait_rows.get(x, 0) for x in range(q, qb)]
-        else:
-            waits = [nw + bisect_left(arrivals, t) for t in e] if arrivals else nw
-        steps.extend(st, ds, bs_, us, len(inst.running), waits)
-        busy = inst.busy_time
-        for d in ds:
-            busy += d
-        inst.busy_time = busy
-    if last_fin:
-        q = q1 - 1
-        j = q - off
-        end = plan.ends_list[q]
-        start = plan.start if q == 0 else plan.ends_list[q - 1]
-        B = int(counts[j])
-        if B:
-            inst.itl.add(end - start, B)
-        admitted = plan.admitted_at.get(q)
-        prompts = 0  # prefill tokens (a one-token prompt is a decode in the step's shape)
-        decodes = B
-        if admitted:
-            for i in admitted:  # their first token
-                r = plan.reqs[i]
-                if plan.first_tokens[i] > 1:
-                    prompts += plan.first_tokens[i]
-                else:
-                    decodes += 1
-                r.first_token_time = end
-                if r.events is not None:
-                    r.events.append((end, "first_token"))
-        n = len(admitted) if admitted else 0
-        _finishes(inst, plan, q, n_sched)
-        u = plan.used[j]
-        d = float(plan.dts[j])
-        waits = nw + bisect_left(arrivals, end) + wait_rows.get(q, 0)
-        steps.append(start, d, decodes + prompts, prompts, decodes, B + n, u, len(inst.running), waits, 0, B + n, 0.0,
-                     d)
-        inst.busy_time += d
+    t = np.array([plan.start if q == 0 else ends[q - 1]] + ends[q:q1])
+    st, e = t[:-1], t[1:]
+    gaps = e - st
+    ds = plan.dts[q - off:q1 - off]
+    decodes = counts[q - off:q1 - off]
+    if fins or adm:
+        rows = np.arange(q, q1)
+        running = (running_end - n_adm + n_fin + np.searchsorted(adm, rows, "right")
+                   - np.searchsorted(fins, rows, "right")).astype(float)
+    else:
+        running = running_end
+    if wait_rows or arrivals:
+        waits = np.full(q1 - q, float(nw))
+        for x, c in wait_rows.items():
+            if q <= x < q1:
+                waits[x - q] += c
+        if arrivals:
+            waits += np.searchsorted(arrivals, e, "left")
+    else:
+        waits = nw
+    prefill = batch = None
+    admitted_at = plan.admitted_at
+    weights = decodes
+    if admitted_at:
+        inside = [(x - q, lst) for x, lst in admitted_at.items() if q <= x < q1]
+        if inside:
+            decodes = decodes.copy()
+            prefill = np.zeros(q1 - q, dtype=np.int64)
+            batch = decodes.copy()
+            ft = plan.first_tokens
+            for y, lst in inside:
+                for i in lst:
+                    batch[y] += 1
+                    if ft[i] > 1:
+                        prefill[y] += ft[i]
+                    else:
+                        decodes[y] += 1  # a one-token prompt is a decode in the step's shape
+            if not weights.all():  # a step of prompts alone: no ITL sample
+                keep = weights > 0
+                gaps, weights = gaps[keep], weights[keep]
+    inst.itl.extend_pairs(gaps.tolist(), weights.tolist())
+    steps.extend(st, ds, decodes, np.array(plan.used[q - off:q1 - off], dtype=float), running, waits, prefill,
+                 batch)
+    busy = inst.busy_time
+    for d in ds.tolist():
+        busy += d
+    inst.busy_time = busy
 
 
 def plan_counts(plan: Plan) -> np.ndarray:

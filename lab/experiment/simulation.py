@@ -688,7 +688,7 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
         if run.summary_steps:
             inst.steps = StepLog(i, dep.num_gpu_blocks - 1, num_slots=inst.steps.num_slots, summary=True)
         elif run.spill_dir:  # each instance holds at most ROW_BUDGET rows; older ones go to its spill file
-            inst.steps = StepLog(i, dep.num_gpu_blocks - 1, os.path.join(run.spill_dir, f"steps_{i}.parquet"),
+            inst.steps = StepLog(i, dep.num_gpu_blocks - 1, os.path.join(run.spill_dir, f"steps_{i}.arrow"),
                                  num_slots=inst.steps.num_slots)
         inst.stop_time = run.horizon if run.horizon else float("inf")
         out.append(inst)
