@@ -23,6 +23,7 @@ class CostModel(Protocol):
     """
 
     name: str
+    uses_decode_range: bool
 
     def step_time(self, shape: BatchShape) -> float: ...
 
@@ -38,6 +39,8 @@ class CostModelBase:
     """Defaults for a cost model that implements ``step_time`` (and optionally ``breakdown``)."""
 
     name = "cost model"
+    # whether decode_times reads decode_max / decode_min (the fast-forward skips them when not)
+    uses_decode_range = True
 
     def step_time(self, shape: BatchShape) -> float:  # pragma: no cover - every cost model overrides it
         raise NotImplementedError

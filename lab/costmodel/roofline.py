@@ -200,6 +200,8 @@ class RooflineCostModel(CostModelBase):
         self._cache[key] = out
         return out
 
+    uses_decode_range = False  # decode_times prices Σ contexts and counts only
+
     def decode_times(self, num_decodes: np.ndarray, decode_sum: np.ndarray, decode_max: np.ndarray,
                      decode_min: np.ndarray, padded: np.ndarray) -> np.ndarray:
         """Times of pure-decode steps given per step: decodes, Σ context tokens, largest and smallest context,

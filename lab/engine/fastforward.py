@@ -182,7 +182,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     # With requests waiting behind a blocked head, an arrival that leaves the head in place does not end the jump
     # (absorb_arrival), so the expected arrival does not size the plan.
     hint = inst.arrival_hint() if not waiting else float("inf")
-    stretch = _Stretch(computed0, rem)
+    stretch = _Stretch(computed0, rem, inst.cost_model.uses_decode_range)
     pad_table = _pad_table(opt.cudagraph_sizes, max(inst.config.max_num_seqs, inst.config.max_num_batched_tokens))
     cost = inst.cost_model
     cpu_terms = opt.cpu_base_s or opt.cpu_per_seq_s or opt.cpu_per_token_s
@@ -298,16 +298,21 @@ class _Stretch:
     schedule) decodes in its first ``rem[i]`` schedules. Sorted by rem, the participants of schedule t are a
     suffix, so counts, Σ contexts and the context range follow from suffix sums."""
 
-    __slots__ = ("n", "by_rem", "suffix", "rem_sorted")
+    __slots__ = ("n", "by_rem", "suffix", "rem_sorted", "ranged")
 
-    def __init__(self, ctx: list[int], rem: list[int]) -> None:
+    def __init__(self, ctx: list[int], rem: list[int], ranged: bool = True) -> None:
         order = sorted(range(len(rem)), key=rem.__getitem__)
         by_rem = [ctx[i] for i in order]
         rev = by_rem[::-1]
         self.n = len(order)
         self.by_rem = by_rem
-        self.suffix = np.array([list(accumulate(rev))[::-1] + [0], list(accumulate(rev, max))[::-1] + [0],
-                                list(accumulate(rev, min))[::-1] + [0]], dtype=np.int64)
+        self.ranged = ranged  # the cost model reads the context range (CostModel.uses_decode_range)
+        sums = list(accumulate(rev))[::-1] + [0]
+        if ranged:
+            self.suffix = np.array([sums, list(accumulate(rev, max))[::-1] + [0],
+                                    list(accumulate(rev, min))[::-1] + [0]], dtype=np.int64)
+        else:
+            self.suffix = np.array([sums], dtype=np.int64)
         self.rem_sorted = np.array([rem[i] for i in order])
 
     def times(self, cost, kk: int, pad_table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -317,8 +322,11 @@ class _Stretch:
         counts = self.n - idx
         suffix = self.suffix
         dsum = suffix[0, idx] + counts * js
-        dmax = suffix[1, idx] + js
-        dmin = suffix[2, idx] + js
+        if self.ranged:
+            dmax = suffix[1, idx] + js
+            dmin = suffix[2, idx] + js
+        else:
+            dmax = dmin = None
         return counts, decode_times(cost, counts, dsum, dmax, dmin, pad_table[counts], self.by_rem)
 
 
@@ -564,7 +572,7 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
         if left > 0:
             ctx.append(dbase[i] + j_lo)
             rem.append(left)
-    stretch = _Stretch(ctx, rem)
+    stretch = _Stretch(ctx, rem, inst.cost_model.uses_decode_range)
     opt = inst.options
     ends = a.ends
     kk = min(top - j_lo, 64)
