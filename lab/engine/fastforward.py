@@ -191,7 +191,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
         # schedules 0..kk-1 only: a plan rarely runs past the first chunk
         counts, dts = stretch.times(cost, kk, pad_table)
         if cpu_terms:
-            cpu = opt.cpu_base_s + opt.cpu_per_seq_s * counts + opt.cpu_per_token_s * counts
+            cpu = _decode_cpu(opt, counts)
             if not async_:
                 dts = dts + cpu
         # End times added one step at a time, as the event loop adds them (cumsum is sequential).
@@ -279,6 +279,15 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     p.block_size = bs
     p.caching_unique = unique if caching else [False] * len(unique)
     return p
+
+
+def _decode_cpu(opt, counts: np.ndarray) -> np.ndarray:
+    """CPU seconds of pure-decode schedules of ``counts`` requests (``Instance.step_cpu_time`` with as many tokens
+    as sequences and no admission; a zero coefficient's term is left out, which changes no sum)."""
+    cpu = opt.cpu_base_s + opt.cpu_per_seq_s * counts
+    if opt.cpu_per_token_s:
+        cpu = cpu + opt.cpu_per_token_s * counts
+    return cpu
 
 
 def _end_times(start: float, in_flight_dt: float | None, dts: np.ndarray) -> np.ndarray:
@@ -579,12 +588,15 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
     while True:
         counts, dts = stretch.times(inst.cost_model, kk, pad_table)
         if cpu_on:
-            cpu = opt.cpu_base_s + opt.cpu_per_seq_s * counts + opt.cpu_per_token_s * counts
+            cpu = _decode_cpu(opt, counts)
             if not async_:
                 dts = dts + cpu
         seg = _end_times(ends[-1], None, dts)
-        if async_ and cpu_on:
-            # schedule j_lo + t is made when executed step j_lo + t - 1 ends and must be done when j_lo + t ends
+        # async: schedule j_lo + t is made when executed step j_lo + t - 1 ends and must be done when j_lo + t
+        # ends. That holds when its CPU time is at most that step's duration (a.dts[-1], the admission's, for t = 0;
+        # rounding is monotone and the end is the start plus the duration, rounded), so the exact sums are compared
+        # only when that quick test fails.
+        if async_ and cpu_on and not (cpu[0] <= a.dts[-1] and (cpu[1:] <= dts[:-1]).all()):
             made = np.concatenate(([ends[-2], ends[-1]], seg[:max(kk - 2, 0)]))[:kk]
             done = np.concatenate(([ends[-1]], seg[:kk - 1]))
             hidden = made + cpu <= done
