@@ -34,6 +34,16 @@ The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds two cases
   With requests waiting, plans are therefore not cut at the expected next arrival.
 - A real step that completes requests while the head is blocked does not force the next step to be real either:
   the next plan checks its first schedule with the same admission rule (``Instance.head_unverified``).
+
+With nothing waiting and the instance's arrivals known in advance (``Instance.known_arrivals``: an open-loop stream
+on one instance or behind round robin, no front end), a jump also goes on through arrivals (:func:`_through_arrivals`):
+the first schedule made after an arrival admits it when the scheduler's declared rule
+(``SchedulerBase.admits_whole``) says it takes the request alone with its whole prompt; that step is priced as
+``Instance.price_step`` prices it, and the request then decodes with the others. The arrival still comes at its time
+and waits in the queue until the jump applies its admission (:func:`_admit_planned`). The jump ends at the first
+arrival that is not certain (another arrival for the same schedule, a prompt the budget would chunk, a full batch
+or cache, content the prefix cache may hold, CPU work that would show); ``tests/test_fastforward.py`` checks these
+jumps against step-by-step simulation too.
 """
 
 from __future__ import annotations
@@ -65,6 +75,10 @@ class Plan:
     as step j+1, one step after it was scheduled; the last schedule is left in flight when the jump ends. Of the
     requests of that step in flight, ``new_first`` get their first token from it and ``earlier`` (positions) had
     their previous token before it started (the others at its start).
+
+    With planned admissions (``admissions``: (schedule, position) pairs) the arrivals follow the running requests in
+    ``reqs``: participant i takes part in schedules ``s0[i]`` .. ``s0[i] + rem[i] - 1`` and computes
+    ``first_tokens[i]`` tokens at the first (its whole prompt; 1 for a running request, ``s0`` = 0).
     """
 
     __slots__ = ("reqs", "rem", "computed0", "outputs0", "num_schedules", "dts", "ends", "events", "start", "first",
