@@ -44,9 +44,12 @@ class WeightedSamples:
             self.compact()
 
     def extend_pairs(self, values, weights) -> None:
-        """Add ``values[i]`` with weight ``weights[i]``."""
-        self.values.extend(values)
-        self.weights.extend(weights)
+        """Add ``values[i]`` with weight ``weights[i]`` (sequences, or numpy arrays: copied as raw float64 bytes)."""
+        for store, new in ((self.values, values), (self.weights, weights)):
+            if isinstance(new, np.ndarray):
+                store.frombytes(new.astype(np.float64).tobytes())
+            else:
+                store.extend(new)
         if len(self.values) > COMPACT_AT:
             self.compact()
 

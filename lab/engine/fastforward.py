@@ -287,7 +287,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     p.fin_sorted = sorted(f for f in fin if f < k)
     p.adm_sched = [j for j, _ in p.admissions]
     if p.admissions:
-        _admission_stops(p)
+        _admission_rows(p)
     p.admit_after = admit_after
     p._counts = counts[:k]
     p.block_size = bs
@@ -739,8 +739,13 @@ def _pad_table(sizes: tuple[int, ...], top: int) -> np.ndarray:
     key = (id(sizes), top)  # the options' tuple lives as long as the run; hashing its ~35 sizes per plan costs more
     hit = _PAD_TABLES.get(key)
     if hit is None or hit[0] is not sizes:
+        if len(_PAD_TABLES) >= _PAD_TABLES_KEPT:  # runs one after another in a process (a sweep) do not pile up
+            _PAD_TABLES.clear()
         hit = _PAD_TABLES[key] = (sizes, padded_size_table(sizes, top + 1))
     return hit[1]
+
+
+_PAD_TABLES_KEPT = 64  # (sizes, top) pairs cached at most: a cluster's instances share one, pools a few
 
 
 def _admission_events(p: Plan, n_run: int, k: int, bs: int) -> None:
@@ -756,19 +761,15 @@ def _admission_events(p: Plan, n_run: int, k: int, bs: int) -> None:
     ev.sort()
 
 
-def _admission_stops(p: Plan) -> None:
+def _admission_rows(p: Plan) -> None:
     """For each planned admission at schedule j: the row of step j - 1 (the last before schedule j) counts the
-    arrival as waiting, and the step that computes the prompt (j, async j + 1) is one whose outputs :func:`apply`
-    takes on their own (it gives the request its first token; its row has the prompt's tokens)."""
+    arrival as waiting, and the row of the step that computes the prompt (j, async j + 1) has its tokens."""
     off = 1 if p.async_ else 0
-    stops = set(p.stops)
     for j, i in p.admissions:
         p.wait_rows[j - 1] = p.wait_rows.get(j - 1, 0) + 1
         q = j + off
         if q < p.num_schedules:
             p.admitted_at.setdefault(q, []).append(i)
-            stops.add(q)
-    p.stops = sorted(stops)
 
 
 def _block_events(computed0: list[int], rem: list[int], k: int, bs: int, async_: bool, caching: bool,
@@ -960,7 +961,7 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
                 r.blocks.append(pool.get_new_block())
                 cur += 1
             elif kind == 2:
-                _admit_planned(inst, plan, i, j)
+                _admit_planned(inst, plan, i, j, n_out)
                 cur = usable - len(pool.free_queue)
             else:
                 kv.register_full_blocks(r, (plan.computed0[i] + j + 1) // bs if not async_ else (plan.computed0[i] + j) // bs)
@@ -978,9 +979,11 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
     _sync_counters(plan, [i for i, r in enumerate(reqs) if r.status == running], n_sched, n_out)
 
 
-def _admit_planned(inst, plan: Plan, i: int, j: int) -> None:
+def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
     """Planned schedule ``j`` admits participant ``i`` (an arrival now in the waiting queue) as
-    ``schedule_waiting`` would: its prompt's blocks, then the running list, at the schedule's time.
+    ``schedule_waiting`` would: its prompt's blocks, then the running list, at the schedule's time. Its first
+    token comes at the end of the step that computes the prompt, if that is among the ``n_out`` steps applied
+    (else the step is left in flight and gives it as any step does).
 
     Raises:
         RuntimeError: its blocks could not be allocated (the plan's KV accounting is wrong).
@@ -998,12 +1001,17 @@ def _admit_planned(inst, plan: Plan, i: int, j: int) -> None:
     inst.num_planned_admissions += 1
     if r.first_scheduled_time is None:
         r.first_scheduled_time = at
+    q = j + 1 if plan.async_ else j
+    if q < n_out:
+        end = r.first_token_time = plan.ends_list[q]
+        if r.events is not None:
+            r.events.append((end, "first_token"))
 
 
 def _effects(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
-    """Apply what the outputs of steps q0..q1-1 do to requests (their rows come from :func:`_rows`): first
-    tokens, ITL samples of requests whose previous token came before the step in flight, completions; only the
-    last step may carry completions or a planned admission's prompt."""
+    """Apply what the outputs of steps q0..q1-1 do to requests (their rows come from :func:`_rows`; a planned
+    admission's first token comes with it, :func:`_admit_planned`): the first tokens and ITL samples of the step in
+    flight at the start, completions; only the last step may carry completions."""
     q = q0
     if plan.async_ and q == 0:
         first = plan.first
@@ -1019,17 +1027,8 @@ def _effects(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         _finishes(inst, plan, 0, n_sched)
         q = 1
     last = q1 - 1
-    if last < q:
-        return
-    admitted = plan.admitted_at.get(last)
-    if admitted:
-        end = plan.ends_list[last]
-        for i in admitted:  # their first token
-            r = plan.reqs[i]
-            r.first_token_time = end
-            if r.events is not None:
-                r.events.append((end, "first_token"))
-    _finishes(inst, plan, last, n_sched)
+    if last >= q:
+        _finishes(inst, plan, last, n_sched)
 
 
 def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
@@ -1111,7 +1110,7 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
             if not weights.all():  # a step of prompts alone: no ITL sample
                 keep = weights > 0
                 gaps, weights = gaps[keep], weights[keep]
-    inst.itl.extend_pairs(gaps.tolist(), weights.tolist())
+    inst.itl.extend_pairs(gaps, weights)
     steps.extend(st, ds, decodes, np.array(plan.used[q - off:q1 - off], dtype=float), running, waits, prefill,
                  batch)
     busy = inst.busy_time
