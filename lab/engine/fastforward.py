@@ -860,12 +860,7 @@ def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
         r = reqs[i]
         m = plan.rem[i]
         sched = n_sched if n_sched < m else m
-        if async_:
-            out = 0 if n_out == 0 else (n_out if n_out < m + 1 else m + 1)
-            in_flight = 1 + sched - out
-        else:
-            out = n_out if n_out < m else m
-            in_flight = sched - out
+        out, in_flight = _running_outputs(async_, m, sched, n_out)
         c = plan.computed0[i] + sched
         r.num_computed_tokens = c
         r.num_output_tokens = plan.outputs0[i] + out
@@ -876,6 +871,17 @@ def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
             r.num_cached_blocks = (c - 1) // bs if async_ else c // bs
         if out:
             r.last_token_time = ends_list[out - 1]
+
+
+def _running_outputs(async_: bool, m: int, sched: int, n_out: int) -> tuple[int, int]:
+    """(outputs, steps in flight) of a request running at the jump's start that takes part in ``m`` schedules,
+    after ``sched`` of its schedules and ``n_out`` steps: async, the step in flight at the start gives it one
+    output and schedule j's step (j + 1) the next; sync, schedule j's step (j) gives it one."""
+    if async_:
+        out = 0 if n_out == 0 else (n_out if n_out < m + 1 else m + 1)
+        return out, 1 + sched - out
+    out = n_out if n_out < m else m
+    return out, sched - out
 
 
 def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
@@ -896,12 +902,7 @@ def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> No
         if sched > m:
             sched = m
         if s0[i] == 0:  # running at the jump's start
-            if async_:
-                out = 0 if n_out == 0 else (n_out if n_out < m + 1 else m + 1)
-                in_flight = 1 + sched - out
-            else:
-                out = n_out if n_out < m else m
-                in_flight = sched - out
+            out, in_flight = _running_outputs(async_, m, sched, n_out)
             last = out - 1
         else:  # admitted at schedule s0: its k-th output comes from step s0 + k - 1 (+ 1 async)
             out = n_out - s0[i] - (1 if async_ else 0)
