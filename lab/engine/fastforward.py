@@ -996,7 +996,8 @@ def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
         waiting.pop()
     else:
         waiting.remove(r)
-    if not inst.kv.allocate_slots(r, plan.first_tokens[i], full_sequence_must_fit=inst.config.scheduler_reserve_full_isl):
+    gate = inst.config.scheduler_reserve_full_isl  # as allocate_waiting passes it (a check only: it holds)
+    if not inst.kv.allocate_slots(r, plan.first_tokens[i], full_sequence_must_fit=gate):
         raise RuntimeError(f"fast-forward: planned admission of request {r.request_id} found no KV blocks")
     inst.admit(r, 0, at)
     inst.num_planned_admissions += 1
