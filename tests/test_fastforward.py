@@ -451,3 +451,45 @@ def test_the_vllm_v1_admission_rule_for_a_lone_arrival():
             return super().schedule(engine)
 
     assert not OwnSchedule().admits_whole(inst, r, 1, 1, 20)
+
+
+def test_a_jump_through_arrivals_whose_cpu_work_shows_in_its_first_chunk():
+    # async CPU work about as long as a decode step: the first chunk's CPU check ends the chunk loop early, and
+    # the jump through arrivals must still be sized from that chunk (a crash before the fix)
+    spec = [(0.0010574300715801943, 2, 40, None), (0.004389701354331628, 2, 40, None),
+            (0.009176335474068185, 15, 17, None), (0.0023115378618279365, 1, 17, None),
+            (0.022572314123655776, 15, 40, None), (0.0049821103910186355, 40, 17, None),
+            (0.0024102213678345525, 40, 3, None), (0.005187692090080967, 15, 40, None)]
+    assert_same(spec, version="0.33", caching=True, blocks=400, seqs=16, mbt=256, cudagraph=False, cpu=0.00695)
+
+
+def test_a_jump_with_planned_admissions_materialised_midway_equals_step_by_step(monkeypatch):
+    # materialise every 3.7 ms (what a router that reads instance state does at each read) while arrivals the
+    # jump admits wait for their admission: the partial application and the next plan must be exact
+    import lab.experiment.simulation as simulation
+    from lab.engine.instance import Instance
+
+    made = []
+    init, run_env = Instance.__init__, simulation._run_env
+
+    def tracked(self, *a, **k):
+        init(self, *a, **k)
+        made.append(self)
+
+    def poked(env, horizon):
+        insts = list(made)
+        made.clear()
+
+        def poke():
+            while env.now < 4.0:
+                yield env.timeout(0.0037)
+                for inst in insts:
+                    inst.materialize()
+        env.process(poke())
+        return run_env(env, horizon)
+
+    monkeypatch.setattr(Instance, "__init__", tracked)
+    monkeypatch.setattr(simulation, "_run_env", poked)
+    spec = [(0.0688, 1, 3, None), (0.00595, 17, 17, None), (0.03137, 2, 1, None), (0.00185, 17, 17, None),
+            (0.06198, 1, 90, None), (0.00899, 2, 40, None)]
+    assert_same(spec, version="0.33", caching=False, blocks=60, seqs=3)

@@ -210,6 +210,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
                 dts = dts + cpu
         # End times added one step at a time, as the event loop adds them (cumsum is sequential).
         ends = _end_times(env_now, first.dt if async_ else None, dts)
+        last = float(ends[-1])  # (read after the loop even when the CPU check below ends it)
         if async_ and cpu_terms:
             # schedule j's CPU work runs from the boundary it is made at (env_now, then the end of executed step
             # j-1) and is hidden only if done by the end of executed step j; the jump stops before the first not
@@ -220,7 +221,6 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
                 if k < 2:
                     return None
                 break
-        last = float(ends[-1])
         if kk == k or last >= hint or last >= stop_time:
             break
         kk = min(k, kk * 4)

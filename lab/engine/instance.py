@@ -318,6 +318,9 @@ class Instance:
             p = self._plan
             if p is not None and ff.planned_arrival(p, request):
                 self._note_arrival(request)  # the jump under way admits it (lab/engine/fastforward.py)
+                # no schedule has seen it yet: if the jump is materialised before its admission, the next plan
+                # must not take it for a head shown blocked (as _before_arrival says of any arrival)
+                self.steady = self.head_unverified = False
                 request.status = RequestStatus.WAITING
                 self.waiting.add(request)
                 return
