@@ -35,6 +35,13 @@ class DraftAcceptance(Protocol):
     def num_accepted(self, request: Request, num_draft_tokens: int) -> int: ...
 
 
+def record_first_token(request: Request, now: float) -> None:
+    """A request's first output token came at ``now`` (seconds): its TTFT end and, if kept, its event."""
+    request.first_token_time = now
+    if request.events is not None:
+        request.events.append((now, "first_token"))
+
+
 def release_request(request: Request, now: float, kv: KVCacheManager,
                     on_done: Callable[[Request], None] | None,
                     on_hand_off: Callable[[Request], None] | None) -> None:
@@ -117,7 +124,7 @@ class StepOutputs:
             sampled += 1
             r.num_output_tokens = k = r.num_output_tokens + 1
             if r.first_token_time is None:
-                self._first_token(r, now)
+                record_first_token(r, now)
             elif r.last_token_time == start:
                 same_gap += 1
             else:
@@ -150,7 +157,7 @@ class StepOutputs:
                 r.events.append((now, "verified", f"{k} {'placeholder ' if padded and r in padded else ''}drafts, "
                                                   f"{accepted} accepted, {emitted} tokens emitted"))
             if r.first_token_time is None:
-                self._first_token(r, now)
+                record_first_token(r, now)
             else:
                 self.itl.add(now - r.last_token_time)  # one ITL sample per step output, however many tokens
             r.last_token_time = now
@@ -172,8 +179,3 @@ class StepOutputs:
                              f"{num_draft_tokens} draft tokens (expected 0..{num_draft_tokens})")
         return accepted
 
-    @staticmethod
-    def _first_token(request: Request, now: float) -> None:
-        request.first_token_time = now
-        if request.events is not None:
-            request.events.append((now, "first_token"))

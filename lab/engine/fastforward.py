@@ -56,6 +56,7 @@ import numpy as np
 
 from lab.core.batch import BatchShape, padded_size, padded_size_table
 from lab.core.kv_cache import unique_content
+from lab.core.outputs import record_first_token
 from lab.core.request import RequestStatus
 from lab.core.step import ScheduledStep
 
@@ -1005,9 +1006,7 @@ def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
         r.first_scheduled_time = at
     q = j + 1 if plan.async_ else j
     if q < n_out:
-        end = r.first_token_time = plan.ends_list[q]
-        if r.events is not None:
-            r.events.append((end, "first_token"))
+        record_first_token(r, plan.ends_list[q])
 
 
 def _effects(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
@@ -1023,9 +1022,7 @@ def _effects(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         if plan.new_first:
             for r in first.requests:
                 if r.first_token_time is None:
-                    r.first_token_time = end
-                    if r.events is not None:
-                        r.events.append((end, "first_token"))
+                    record_first_token(r, end)
         _finishes(inst, plan, 0, n_sched)
         q = 1
     last = q1 - 1
