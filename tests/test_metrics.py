@@ -113,7 +113,7 @@ def test_weighted_samples_are_exact_and_compact_on_long_runs(monkeypatch):
     c = samples.WeightedSamples()
     for v in vals:
         c.add(float(round(v, 3)))  # few distinct values: compaction merges them
-    assert c.compacted and len(c.values) <= 100 + 50  # bounded: distinct values + pairs added since
+    assert c.compacted and len(c) <= 100 + 50  # bounded: distinct values + pairs added since
     assert c.describe((90,))["p90"] == pytest.approx(np.percentile(np.round(vals, 3), 90), abs=1e-7)
 
 
@@ -128,3 +128,25 @@ def test_itl_statistics_do_not_depend_on_the_order_or_grouping_samples_were_adde
         for _ in range(n):
             single.add(g, 1)
     assert bulk.describe((50, 90, 99)) == single.describe((50, 90, 99))
+
+
+def test_weighted_samples_keep_the_order_added_and_compact_again_only_after_doubling(monkeypatch):
+    import lab.core.samples as samples
+
+    w = samples.WeightedSamples()
+    w.add(0.5, 2)
+    w.extend_pairs(np.array([0.1, 0.2]), np.array([1, 3]))
+    w.add(0.7)
+    w.extend_pairs([0.9], [4])
+    v, wt = w.arrays()
+    assert v.tolist() == [0.5, 0.1, 0.2, 0.7, 0.9] and wt.tolist() == [2, 1, 3, 1, 4]
+    assert len(w) == 5 and w.count == 11
+
+    monkeypatch.setattr(samples, "COMPACT_AT", 10)
+    c = samples.WeightedSamples()
+    distinct = np.arange(40) * 1e-3  # 40 distinct values: a compaction keeps them all
+    for x in distinct:
+        c.extend_pairs(np.array([x]), np.array([1.0]))
+    # compactions at 11 pairs (-> 11 kept, next at 22), then at 23 (next at 46): not after every pair
+    assert c.compacted and len(c) == 40 and c.count == 40
+    assert c._compact_at == 46

@@ -9,6 +9,7 @@ block keeps its hash after it is freed, so a later lookup can hit it until the b
 from __future__ import annotations
 
 from array import array
+from itertools import repeat
 
 from lab.core.remote_kv import PinnedBlocks
 from lab.core.request import Request
@@ -262,11 +263,14 @@ class BlockPool:
                 else:
                     fq.append(b)
 
-    def free_unique(self, blocks: list[int], num_full: int) -> range:
+    def free_unique(self, blocks: list[int], num_full: int) -> int:
         """Free the blocks of a request whose content is unique (each held by it alone), last block first: the
         full (registered) ones go to the tail as hashed blocks do, the rest to the head if ``prepend_unhashed``.
-        Returns the free-queue sequence numbers of the full blocks, in the request's block order (how a resumed
-        request recognises its own)."""
+
+        The full blocks' entries share one sequence number, returned (how a resumed request recognises its own):
+        the entries of one block always come from different calls, so (block, number) still names one entry, and
+        no int object is made per block (in a 16-instance run, each new int cost a cache miss: ~0.3 us a block).
+        """
         fq = self.free_queue
         rc = self.ref_cnt
         partial = blocks[num_full:]
@@ -275,18 +279,17 @@ class BlockPool:
             for b in reversed(partial):
                 rc[b] = 0
                 put(b)
-        seq = fq._seq
-        full_rev = blocks[num_full - 1::-1] if num_full else []
-        nums = range(seq + 1, seq + 1 + num_full)
-        fq.ids.extend(full_rev)
-        fq.seqs.extend(nums)
-        fs = self.free_seq
-        for b, s in zip(full_rev, nums):
-            rc[b] = 0
-            fs[b] = s
-        fq._seq = seq + num_full
-        fq.n += num_full
-        return nums[::-1]
+        seq = fq._seq = fq._seq + 1
+        if num_full:
+            full_rev = blocks[num_full - 1::-1]
+            fq.ids.extend(full_rev)
+            fq.seqs.extend(repeat(seq, num_full))
+            fs = self.free_seq
+            for b in full_rev:
+                rc[b] = 0
+                fs[b] = seq
+            fq.n += num_full
+        return seq
 
     def cache_block(self, b: int, block_hash: int) -> None:
         """Register a full block under its hash (vLLM ``cache_full_blocks``)."""
@@ -619,9 +622,10 @@ class KVCacheManager:
         blocks = request.blocks
         if blocks:
             if unique_content(request):
-                seqs = self.pool.free_unique(blocks, request.num_cached_blocks)
-                if not finished:
-                    request.prev_blocks = (blocks, seqs)  # a resumed request can hit these while untouched
+                num_full = request.num_cached_blocks
+                seq = self.pool.free_unique(blocks, num_full)
+                if not finished:  # a resumed request can hit these while untouched
+                    request.prev_blocks = (blocks, [seq] * num_full)
             else:
                 self.pool.free_blocks(reversed(blocks))
         request.blocks = []

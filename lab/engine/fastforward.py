@@ -320,19 +320,29 @@ def _end_times(start: float, in_flight_dt: float | None, dts: np.ndarray) -> np.
 class _Stretch:
     """Step shapes of a stretch of pure decodes: participant i (context ``ctx[i]`` at the stretch's first
     schedule) decodes in its first ``rem[i]`` schedules. Sorted by rem, the participants of schedule t are a
-    suffix, so counts, Σ contexts and the context range follow from suffix sums."""
+    suffix, so counts, Σ contexts and the context range follow from suffix sums. Schedules before the first
+    completion have every participant: their shapes follow from Σ and the range of ``ctx`` alone, and the sorted
+    sums are built only when a stretch is priced past it (a jump through arrivals prices ~25 steps between
+    arrivals, rarely reaching a completion)."""
 
-    __slots__ = ("n", "by_rem", "suffix", "rem_sorted", "ranged")
+    __slots__ = ("n", "ctx", "rem", "min_rem", "by_rem", "suffix", "rem_sorted", "ranged")
 
     def __init__(self, ctx: list[int], rem: list[int], ranged: bool = True) -> None:
+        self.n = len(ctx)
+        self.ctx = ctx
+        self.rem = rem
+        self.min_rem = min(rem)
+        self.ranged = ranged  # the cost model reads the context range (CostModel.uses_decode_range)
+        self.by_rem = None
+
+    def _sort(self) -> None:
+        ctx, rem = self.ctx, self.rem
         order = sorted(range(len(rem)), key=rem.__getitem__)
         by_rem = [ctx[i] for i in order]
         rev = by_rem[::-1]
-        self.n = len(order)
         self.by_rem = by_rem
-        self.ranged = ranged  # the cost model reads the context range (CostModel.uses_decode_range)
         sums = list(accumulate(rev))[::-1] + [0]
-        if ranged:
+        if self.ranged:
             self.suffix = np.array([sums, list(accumulate(rev, max))[::-1] + [0],
                                     list(accumulate(rev, min))[::-1] + [0]], dtype=np.int64)
         else:
@@ -342,6 +352,18 @@ class _Stretch:
     def times(self, cost, kk: int, pad_table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(decodes, step seconds) of the stretch's schedules 0..kk-1, cost model's times without CPU work."""
         js = np.arange(kk, dtype=np.int64)
+        if kk <= self.min_rem:  # no completion among them: every participant decodes in each
+            n = self.n
+            counts = np.full(kk, n, dtype=np.int64)
+            dsum = sum(self.ctx) + n * js
+            if self.ranged:
+                dmax = max(self.ctx) + js
+                dmin = min(self.ctx) + js
+            else:
+                dmax = dmin = None
+            return counts, decode_times(cost, counts, dsum, dmax, dmin, pad_table[counts], self.ctx)
+        if self.by_rem is None:
+            self._sort()
         idx = self.rem_sorted.searchsorted(js, side="right")  # first participant in rem order
         counts = self.n - idx
         suffix = self.suffix
