@@ -97,3 +97,23 @@ def test_profile_model_reproduces_grid_points_and_interpolates_linearly():
 def test_missing_profile_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="dense.csv"):
         LLMServingSimProfileCostModel(tmp_path, load_model("Llama-3.1-8B"))
+
+
+@pytest.mark.parametrize("model,tp", [("Llama-3.1-8B", 1), ("DeepSeek-V3", 8)])
+def test_roofline_run_times_equal_step_time_bit_for_bit(model, tp):
+    # the fast-forward prices decode runs with decode_times (numpy) or steady_decode_times (floats) and relies on
+    # both equalling step_time of each step exactly (MLA's absorbed decode attention included)
+    import numpy as np
+
+    cost = RooflineCostModel(load_model(model), load_hardware("H100-SXM5-80GB"), tp=tp)
+    n, ctx0, steps = 5, [900, 40, 3001, 7, 512], 30
+    for padded in (0, 8):
+        steady = cost.steady_decode_times(n, sum(ctx0), max(ctx0), min(ctx0), padded, steps)
+        js = np.arange(steps)
+        vector = cost.decode_times(np.full(steps, n), sum(ctx0) + n * js, max(ctx0) + js, min(ctx0) + js,
+                                   np.full(steps, padded))
+        for t in range(steps):
+            ctx = [c + t for c in ctx0]
+            shape = BatchShape.decode_only(ctx, sum(ctx), max(ctx), min(ctx))
+            shape.padded_tokens = padded
+            assert steady[t] == vector[t] == cost.step_time(shape), (padded, t)

@@ -32,6 +32,9 @@ class CostModel(Protocol):
     def decode_times(self, num_decodes: np.ndarray, decode_sum: np.ndarray, decode_max: np.ndarray,
                      decode_min: np.ndarray, padded: np.ndarray) -> np.ndarray | None: ...
 
+    def steady_decode_times(self, num_decodes: int, decode_sum: int, decode_max: int, decode_min: int, padded: int,
+                            num_steps: int) -> list[float] | None: ...
+
     def stage_times(self, shape: BatchShape, stage_layers: Sequence[int]) -> list[float]: ...
 
 
@@ -54,6 +57,15 @@ class CostModelBase:
         """Times (seconds) of a run of pure-decode steps given per step: decodes, Σ context tokens, largest and
         smallest context, CUDA-graph padded tokens (0 = none); each value must equal ``step_time`` of that step bit
         for bit. None = no vectorised form: the fast-forward then prices each step with ``step_time``."""
+        return None
+
+    def steady_decode_times(self, num_decodes: int, decode_sum: int, decode_max: int, decode_min: int, padded: int,
+                            num_steps: int) -> list[float] | None:
+        """Times (seconds) of ``num_steps`` consecutive pure-decode steps of one unchanged batch: step t has
+        ``num_decodes`` decodes, Σ contexts ``decode_sum + t · num_decodes``, range ``decode_min + t`` ..
+        ``decode_max + t`` and ``padded`` tokens (0 = none); each value equal to ``step_time`` bit for bit. The
+        scalar form of :meth:`decode_times` for a fast-forward between two arrivals (tens of steps, where numpy's
+        cost per call outweighs its work). None = not offered (the fast-forward then uses ``decode_times``)."""
         return None
 
     def stage_times(self, shape: BatchShape, stage_layers: Sequence[int]) -> list[float]:

@@ -135,10 +135,26 @@ class RooflineCostModel(CostModelBase):
                 kv_tokens += c + q
             t += max(pairs * pair_decode / fl, kv_tokens * self.kv_layer_bytes / bw) + e.kernel_launch_s
         if shape.num_decodes:
-            ctx = shape.decode_sum + shape.num_decodes
-            byts = ctx * self.kv_layer_bytes
-            t += max(ctx * pair_decode / fl, byts / bw) + e.kernel_launch_s
+            t += self._decode_attention(shape.decode_sum + shape.num_decodes, max)
         return t
+
+    def _decode_attention(self, ctx, maximum):
+        """One layer's decode attention over ``ctx`` KV tokens (Σ contexts + decodes): an int, or an int array with
+        ``maximum = np.maximum``; the same float operations either way (:meth:`_decode_roof`)."""
+        pair_decode, flops, kv_bytes, bandwidth, launch = self._decode_roof()
+        return maximum(ctx * pair_decode / flops, ctx * kv_bytes / bandwidth) + launch
+
+    def _decode_roof(self) -> tuple[float, float, float, float, float]:
+        """(FLOPs per query/context pair, achievable FLOP/s, KV bytes per token and layer, achievable B/s, kernel
+        launch s) of decode attention: absorbed MLA pairs 2·H·(2·r_kv + d_rope), else 4·H·d."""
+        e = self.eff
+        m = self.model
+        if m.is_mla:
+            pair_decode = 2.0 * self.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+        else:
+            pair_decode = 4.0 * self.heads * m.head_dim
+        return (pair_decode, self.attn_peak * e.attention_compute, self.kv_layer_bytes,
+                self.hw.memory_bandwidth * e.attention_memory, e.kernel_launch_s)
 
     def _moe(self, tokens: int) -> float:
         m = self.model
@@ -207,14 +223,6 @@ class RooflineCostModel(CostModelBase):
         """Times of pure-decode steps given per step: decodes, Σ context tokens, largest and smallest context,
         CUDA-graph padded token count (0 = none). The same float operations as :meth:`step_time`, so each value
         equals it bit for bit (the fast-forward relies on it)."""
-        e = self.eff
-        m = self.model
-        if m.is_mla:
-            pair_decode = 2.0 * self.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
-        else:
-            pair_decode = 4.0 * self.heads * m.head_dim
-        bw = self.hw.memory_bandwidth * e.attention_memory
-        fl = self.attn_peak * e.attention_compute
         nd = np.asarray(num_decodes, dtype=np.int64)
         n = len(nd)
         base = np.empty(n)
@@ -229,10 +237,23 @@ class RooflineCostModel(CostModelBase):
                 b = int(nd[lo])
                 base[lo:hi] = terms(int(padded[lo]) or b, b)["_sum"]
                 lo = hi
-        ctx = np.asarray(decode_sum, dtype=np.int64) + nd
-        byts = ctx * self.kv_layer_bytes
-        att = np.maximum(ctx * pair_decode / fl, byts / bw) + e.kernel_launch_s
-        return base + att * m.num_layers
+        att = self._decode_attention(np.asarray(decode_sum, dtype=np.int64) + nd, np.maximum)
+        return base + att * self.model.num_layers
+
+    def steady_decode_times(self, num_decodes: int, decode_sum: int, decode_max: int, decode_min: int, padded: int,
+                            num_steps: int) -> list[float]:
+        """:meth:`decode_times` of ``num_steps`` steps of one unchanged batch (CostModelBase.steady_decode_times),
+        in plain floats: the same operations, so the same bits."""
+        b = num_decodes
+        base = self._token_terms(padded or b, b)["_sum"]
+        layers = self.model.num_layers
+        pair_decode, flops, kv_bytes, bandwidth, launch = self._decode_roof()
+        out = []
+        ctx = decode_sum + b
+        for _ in range(num_steps):  # _decode_attention inlined (a call per step costs as much as numpy)
+            out.append(base + (max(ctx * pair_decode / flops, ctx * kv_bytes / bandwidth) + launch) * layers)
+            ctx += b
+        return out
 
     def step_time(self, shape: BatchShape) -> float:
         T = shape.num_tokens

@@ -296,9 +296,10 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     return p
 
 
-def _decode_cpu(opt, counts: np.ndarray) -> np.ndarray:
-    """CPU seconds of pure-decode schedules of ``counts`` requests (``Instance.step_cpu_time`` with as many tokens
-    as sequences and no admission; a zero coefficient's term is left out, which changes no sum)."""
+def _decode_cpu(opt, counts):
+    """CPU seconds of pure-decode schedules of ``counts`` requests, an int or an int array (``Instance.step_cpu_time``
+    with as many tokens as sequences and no admission; a zero coefficient's term is left out, which changes no
+    sum)."""
     cpu = opt.cpu_base_s + opt.cpu_per_seq_s * counts
     if opt.cpu_per_token_s:
         cpu = cpu + opt.cpu_per_token_s * counts
@@ -348,6 +349,32 @@ class _Stretch:
         else:
             self.suffix = np.array([sums], dtype=np.int64)
         self.rem_sorted = np.array([rem[i] for i in order])
+
+    def steady_times(self, cost, kk: int, pad_table: np.ndarray) -> list[tuple[int, list[float]]] | None:
+        """Schedules 0..kk-1 as runs of one unchanged batch (it changes only at completions): per run, its decodes
+        and its step seconds (plain floats) from the cost model's ``steady_decode_times``. None when the cost model
+        has no steady form."""
+        ctx, rem = self.ctx, self.rem
+        n = self.n
+        if kk <= self.min_rem:  # the common case: no completion among them
+            times = cost.steady_decode_times(n, sum(ctx), max(ctx), min(ctx), int(pad_table[n]), kk)
+            return None if times is None else [(n, times)]
+        by_rem = sorted(zip(rem, ctx))
+        runs = []
+        t0 = first = 0  # by_rem[first:] take part in schedule t0 (rem > t0)
+        while t0 < kk:
+            while by_rem[first][0] <= t0:
+                first += 1
+            t1 = min(kk, by_rem[first][0])
+            part = [c for _, c in by_rem[first:]]
+            b = n - first
+            times = cost.steady_decode_times(b, sum(part) + t0 * b, max(part) + t0, min(part) + t0,
+                                             int(pad_table[b]), t1 - t0)
+            if times is None:
+                return None
+            runs.append((b, times))
+            t0 = t1
+        return runs
 
     def times(self, cost, kk: int, pad_table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(decodes, step seconds) of the stretch's schedules 0..kk-1, cost model's times without CPU work."""
@@ -621,8 +648,19 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
     stretch = _Stretch(ctx, rem, inst.cost_model.uses_decode_range)
     opt = inst.options
     ends = a.ends
-    kk = min(top - j_lo, 64)
+    kk = min(top - j_lo, _first_chunk(a))
     while True:
+        steady = _steady_segment(inst, a, stretch, kk, pad_table, async_, cpu_on)
+        if steady is not None:  # plain floats: the same sums as below without numpy's cost per call
+            counts, dts, seg = steady
+            last = seg[-1]
+            if kk == top - j_lo or _past_next_arrival(seg, a.hint) or last >= stop_time:
+                a.dts += dts
+                a.counts += counts
+                ends += seg
+                return True
+            kk = min(top - j_lo, kk * 4)
+            continue
         counts, dts = stretch.times(inst.cost_model, kk, pad_table)
         if cpu_on:
             cpu = _decode_cpu(opt, counts)
@@ -644,13 +682,61 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
                 ends += seg[:cut].tolist()
                 return False
         last = float(seg[-1])
-        if kk == top - j_lo or last >= a.hint or last >= stop_time:
+        if kk == top - j_lo or _past_next_arrival(seg, a.hint) or last >= stop_time:
             break
         kk = min(top - j_lo, kk * 4)
     a.dts += dts.tolist()
     a.counts += counts.tolist()
     ends += seg.tolist()
     return True
+
+
+def _past_next_arrival(seg, hint: float) -> bool:
+    """Whether planned end times ``seg`` reach two steps past the next arrival at ``hint``: the schedule that sees
+    it (made when the first step ending after it ends) is then planned too, so its admission can be."""
+    return seg[-2] > hint if len(seg) > 1 else seg[-1] >= hint
+
+
+def _first_chunk(a: _Arrivals) -> int:
+    """Schedules to price first after an admission: about as many as fit before the next arrival at the pace of
+    the last decode step (the one before the admission's), with a quarter to spare; at least 8, at most 64. A
+    chunk that falls short grows; one that ends before the first completion is priced in plain floats
+    (:func:`_steady_segment`)."""
+    dts = a.dts
+    pace = dts[-2] if len(dts) > 1 else dts[-1]
+    gap = a.hint - a.ends[-1]
+    if not gap < 48 * pace:
+        return 64
+    return max(8, int(gap / pace * 1.25) + 2)
+
+
+def _steady_segment(inst, a: _Arrivals, stretch: _Stretch, kk: int, pad_table: np.ndarray, async_: bool,
+                    cpu_on) -> tuple[list[int], list[float], list[float]] | None:
+    """(decodes, step seconds, end times) of the stretch's schedules 0..kk-1 after the jump's last planned step,
+    as plain ints and floats (:meth:`_Stretch.steady_times`: tens of steps between arrivals cost less so than
+    through numpy) when the cost model offers it and, under async, their CPU work passes the quick test of
+    :func:`_decode_stretch`; else None (priced with numpy there)."""
+    runs = stretch.steady_times(inst.cost_model, kk, pad_table)
+    if runs is None:
+        return None
+    counts: list[int] = []
+    dts: list[float] = []
+    opt = inst.options
+    for b, times in runs:
+        counts += [b] * len(times)
+        if cpu_on:
+            cpu = _decode_cpu(opt, b)
+            if not async_:
+                times = [d + cpu for d in times]
+            elif not (cpu <= (dts[-1] if dts else a.dts[-1]) and all(cpu <= d for d in times[:-1])):
+                return None
+        dts += times
+    end = a.ends[-1]
+    seg = []
+    for d in dts:  # one step at a time, as the event loop adds them
+        end += d
+        seg.append(end)
+    return counts, dts, seg
 
 
 def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin: list[int], k: int, bs: int,
