@@ -251,7 +251,9 @@ class RooflineCostModel(CostModelBase):
         out = []
         ctx = decode_sum + b
         for _ in range(num_steps):  # _decode_attention inlined (a call per step costs as much as numpy)
-            out.append(base + (max(ctx * pair_decode / flops, ctx * kv_bytes / bandwidth) + launch) * layers)
+            compute = ctx * pair_decode / flops
+            memory = ctx * kv_bytes / bandwidth
+            out.append(base + ((compute if compute >= memory else memory) + launch) * layers)
             ctx += b
         return out
 

@@ -728,7 +728,7 @@ def _steady_segment(inst, a: _Arrivals, stretch: _Stretch, kk: int, pad_table: n
             cpu = _decode_cpu(opt, b)
             if not async_:
                 times = [d + cpu for d in times]
-            elif not (cpu <= (dts[-1] if dts else a.dts[-1]) and all(cpu <= d for d in times[:-1])):
+            elif not (cpu <= (dts[-1] if dts else a.dts[-1]) and (len(times) < 2 or cpu <= min(times[:-1]))):
                 return None
         dts += times
     end = a.ends[-1]
