@@ -1,3 +1,3 @@
-from lab.cli.main import app
+from lab.cli.main import main
 
-app(prog_name="servelab")
+main(prog_name="servelab")

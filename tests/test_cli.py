@@ -234,3 +234,21 @@ def test_validate_the_tensor_parallel_run_over_pcie_within_the_issue_targets(tmp
     for m in ("ttft", "tpot", "e2el"):
         assert abs(v["metrics"][m]["mean"]["error_pct"]) < 5, (m, v["metrics"][m]["mean"])
         assert abs(v["metrics"][m]["p90"]["error_pct"]) < 10, (m, v["metrics"][m]["p90"])
+
+
+def test_console_script_freezes_the_heap_as_it_ends(monkeypatch):
+    # the last collection at interpreter exit would traverse a finished run's objects: main() freezes them, on
+    # success and on an error exit alike (SystemExit from typer)
+    import gc
+
+    import lab.cli.main as cli
+
+    frozen = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    with pytest.raises(SystemExit) as ok:
+        cli.app(["--help"])
+    assert ok.value.code == 0 and not frozen  # app alone does not freeze
+    monkeypatch.setattr(cli.sys, "argv", ["servelab", "run", "does_not_exist.yaml"])
+    with pytest.raises(SystemExit) as failed:
+        cli.main()
+    assert failed.value.code == 2 and frozen == [True]

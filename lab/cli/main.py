@@ -7,6 +7,7 @@ instead of paying every command's imports.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -638,5 +639,16 @@ def traces_fetch(name: str = typer.Argument(..., help="trace name (servelab trac
         _fail(str(e))
     console.print(f"{name}: {p} (sha256 verified)", highlight=False)
 
+def main(prog_name: str | None = None) -> None:
+    """The ``servelab`` console script: the typer app; then, as the process ends, every object still alive is put
+    out of the cyclic garbage collector's sight (``gc.freeze``). The interpreter's last collection at exit would
+    otherwise traverse a finished run's millions of objects (the million-request setup at 100,000 requests: 0.78 s
+    from the end of the work to the end of the process, 0.11 s frozen); reference counting still frees them."""
+    try:
+        app(prog_name=prog_name)
+    finally:
+        gc.freeze()
+
+
 if __name__ == "__main__":
-    app()
+    main()

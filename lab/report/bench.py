@@ -13,6 +13,7 @@ refuses any other); references for other setups are kept, with their setup, in d
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -375,3 +376,4 @@ if __name__ == "__main__":
     ap.add_argument("--overrides")
     a = ap.parse_args()
     worker(a.experiment, a.data_dir, a.overrides)
+    gc.freeze()  # as the servelab command does at its end (lab/cli/main.py main): no last traversal at exit
