@@ -117,3 +117,9 @@ def test_roofline_run_times_equal_step_time_bit_for_bit(model, tp):
             shape = BatchShape.decode_only(ctx, sum(ctx), max(ctx), min(ctx))
             shape.padded_tokens = padded
             assert steady[t] == vector[t] == cost.step_time(shape), (padded, t)
+
+
+def test_decodes_and_prefills_is_the_shape_from_requests_gives():
+    for ctx, new, before in (([5, 90, 7], [300], [0]), ([], [64, 2], [0, 10]), ([1], [2], [0])):
+        direct = BatchShape.decodes_and_prefills(list(ctx), list(new), list(before))
+        assert direct == BatchShape.from_requests([1] * len(ctx) + new, list(ctx) + before)

@@ -100,6 +100,15 @@ class BatchShape:
                    max(dc) if nd else 0, min(dc) if nd else 0, 0, vn, vc)
 
     @classmethod
+    def decodes_and_prefills(cls, decode_context: list[int], prefill_new: list[int],
+                             prefill_context: list[int]) -> "BatchShape":
+        """The shape :meth:`from_requests` gives for decodes (their contexts) followed by prefill chunks of more than
+        one new token each (new tokens, contexts), without classifying each request (fast-forward admissions)."""
+        nd = len(decode_context)
+        return cls(nd + sum(prefill_new), nd + len(prefill_new), prefill_new, prefill_context, decode_context, nd,
+                   sum(decode_context), max(decode_context) if nd else 0, min(decode_context) if nd else 0)
+
+    @classmethod
     def decode_only(cls, decode_context: list[int], decode_sum: int, decode_max: int,
                     decode_min: int) -> "BatchShape":
         """A pure decode step over ``decode_context`` with its aggregates already known (fast-forward)."""

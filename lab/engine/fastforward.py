@@ -589,7 +589,8 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
             return a
         prompt = r.num_tokens
         ctx = [dbase[i] + j for i in decoders]
-        shape = BatchShape.from_requests([1] * len(ctx) + [prompt], ctx + [0])
+        shape = (BatchShape.decodes_and_prefills(ctx, [prompt], [0]) if prompt > 1
+                 else BatchShape.from_requests([1] * len(ctx) + [prompt], ctx + [0]))
         if sizes:
             shape.padded_tokens = padded_size(sizes, shape.num_tokens)
         dt = cost.step_time(shape)
