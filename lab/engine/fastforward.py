@@ -700,7 +700,7 @@ def _past_next_arrival(seg, hint: float) -> bool:
 
 def _first_chunk(a: _Arrivals) -> int:
     """Schedules to price first after an admission: about as many as fit before the next arrival at the pace of
-    the last decode step (the one before the admission's), with a quarter to spare; at least 8, at most 64. A
+    the last decode step (the one before the admission's), with a tenth to spare; at least 8, at most 64. A
     chunk that falls short grows; one that ends before the first completion is priced in plain floats
     (:func:`_steady_segment`)."""
     dts = a.dts
@@ -708,7 +708,7 @@ def _first_chunk(a: _Arrivals) -> int:
     gap = a.hint - a.ends[-1]
     if not gap < 48 * pace:
         return 64
-    return max(8, int(gap / pace * 1.25) + 2)
+    return max(8, int(gap / pace * 1.1) + 2)
 
 
 def _steady_segment(inst, a: _Arrivals, stretch: _Stretch, kk: int, pad_table: np.ndarray, async_: bool,
