@@ -655,7 +655,7 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
         if steady is not None:  # plain floats: the same sums as below without numpy's cost per call
             counts, dts, seg = steady
             last = seg[-1]
-            if kk == top - j_lo or _past_next_arrival(seg, a.hint) or last >= stop_time:
+            if kk == top - j_lo or _past_next_arrival(seg, a.hint, async_) or last >= stop_time:
                 a.dts += dts
                 a.counts += counts
                 ends += seg
@@ -683,7 +683,7 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
                 ends += seg[:cut].tolist()
                 return False
         last = float(seg[-1])
-        if kk == top - j_lo or _past_next_arrival(seg, a.hint) or last >= stop_time:
+        if kk == top - j_lo or _past_next_arrival(seg, a.hint, async_) or last >= stop_time:
             break
         kk = min(top - j_lo, kk * 4)
     a.dts += dts.tolist()
@@ -692,10 +692,12 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
     return True
 
 
-def _past_next_arrival(seg, hint: float) -> bool:
-    """Whether planned end times ``seg`` reach two steps past the next arrival at ``hint``: the schedule that sees
-    it (made when the first step ending after it ends) is then planned too, so its admission can be."""
-    return seg[-2] > hint if len(seg) > 1 else seg[-1] >= hint
+def _past_next_arrival(seg, hint: float, async_: bool) -> bool:
+    """Whether planned end times ``seg`` reach far enough past the next arrival at ``hint`` for the schedule that
+    sees it to be planned too (made when the first step ending after it ends, so its admission can be): two ends
+    after it, three under async (the ends then start with the step in flight's)."""
+    need = 3 if async_ else 2
+    return seg[-need] > hint if len(seg) >= need else seg[-1] >= hint
 
 
 def _first_chunk(a: _Arrivals) -> int:
