@@ -149,3 +149,19 @@ def test_every_trace_needs_finite_non_negative_arrivals_and_unique_ids(tmp_path)
                           "request 1: id 'x' repeats request 0's")):
         with pytest.raises(WorkloadError, match=message):
             check_requests("t.csv", bad)
+
+
+def test_requests_are_built_with_rare_collections_and_the_thresholds_restored(monkeypatch):
+    # building millions of long-lived requests at Python's default threshold re-traverses them at every collection
+    import gc
+
+    from lab.experiment import simulation
+    from lab.experiment.config import parse_experiment
+
+    seen = []
+    original = synthetic.generate
+    monkeypatch.setattr(synthetic, "generate", lambda *a, **k: (seen.append(gc.get_threshold()), original(*a, **k))[1])
+    before = gc.get_threshold()
+    exp = parse_experiment({"name": "g", "workload": {"source": "synthetic", "num_requests": 20, "rate": 5.0}})
+    assert len(simulation.build_requests(exp)) == 20
+    assert seen == [(simulation._GC_THRESHOLD, 100, 100)] and gc.get_threshold() == before
