@@ -1223,10 +1223,8 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     inst.itl.extend_pairs(gaps, weights)
     steps.extend(st, ds, decodes, np.array(plan.used[q - off:q1 - off], dtype=float), running, waits, prefill,
                  batch)
-    busy = inst.busy_time
-    for d in ds.tolist():
-        busy += d
-    inst.busy_time = busy
+    # the steps' durations added one at a time, as the event loop adds them (cumsum is sequential)
+    inst.busy_time = float(np.concatenate(([inst.busy_time], ds)).cumsum()[-1])
 
 
 def plan_counts(plan: Plan) -> np.ndarray:
