@@ -58,6 +58,7 @@ TIMED = [
     (fastforward, "decode_times", "  fastforward.decode_times (the plan's step times)"),
     (fastforward, "_bound", "  fastforward._bound (KV and admission bound)"),
     (fastforward, "_through_arrivals", "  fastforward._through_arrivals (planned admissions)"),
+    (fastforward, "_decode_stretch", "    fastforward._decode_stretch (the decodes after an admission)"),
     (fastforward, "_block_events", "  fastforward._block_events"),
     (instance.Instance, "schedule_step", "Instance.schedule_step (a real schedule)"),
     (instance.Instance, "price_step", "Instance.price_step (a real step's cost)"),
