@@ -639,6 +639,7 @@ def traces_fetch(name: str = typer.Argument(..., help="trace name (servelab trac
         _fail(str(e))
     console.print(f"{name}: {p} (sha256 verified)", highlight=False)
 
+
 def main(prog_name: str | None = None) -> None:
     """The ``servelab`` console script: the typer app; then, as the process ends, every object still alive is put
     out of the cyclic garbage collector's sight (``gc.freeze``). The interpreter's last collection at exit would
