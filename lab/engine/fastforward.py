@@ -647,49 +647,44 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
             ctx.append(dbase[i] + j_lo)
             rem.append(left)
     stretch = _Stretch(ctx, rem, inst.cost_model.uses_decode_range)
-    opt = inst.options
     ends = a.ends
     kk = min(top - j_lo, _first_chunk(a))
     while True:
-        steady = _steady_segment(inst, a, stretch, kk, pad_table, async_, cpu_on)
-        if steady is not None:  # plain floats: the same sums as below without numpy's cost per call
-            counts, dts, seg = steady
-            last = seg[-1]
-            if kk == top - j_lo or _past_next_arrival(seg, a.hint, async_) or last >= stop_time:
-                a.dts += dts
-                a.counts += counts
-                ends += seg
-                return True
-            kk = min(top - j_lo, kk * 4)
-            continue
-        counts, dts = stretch.times(inst.cost_model, kk, pad_table)
-        if cpu_on:
-            cpu = _decode_cpu(opt, counts)
-            if not async_:
-                dts = dts + cpu
-        seg = _end_times(ends[-1], None, dts)
-        # async: schedule j_lo + t is made when executed step j_lo + t - 1 ends and must be done when j_lo + t
-        # ends. That holds when its CPU time is at most that step's duration (a.dts[-1], the admission's, for t = 0;
-        # rounding is monotone and the end is the start plus the duration, rounded), so the exact sums are compared
-        # only when that quick test fails.
-        if async_ and cpu_on and not (cpu[0] <= a.dts[-1] and (cpu[1:] <= dts[:-1]).all()):
-            made = np.concatenate(([ends[-2], ends[-1]], seg[:max(kk - 2, 0)]))[:kk]
-            done = np.concatenate(([ends[-1]], seg[:kk - 1]))
-            hidden = made + cpu <= done
-            if not hidden.all():
-                cut = int(np.argmin(hidden))
-                a.dts += dts[:cut].tolist()
-                a.counts += counts[:cut].tolist()
-                ends += seg[:cut].tolist()
-                return False
-        last = float(seg[-1])
-        if kk == top - j_lo or _past_next_arrival(seg, a.hint, async_) or last >= stop_time:
+        # plain floats when the cost model offers them (the same sums without numpy's cost per call), else numpy
+        counts, dts, seg, hidden = (_steady_segment(inst, a, stretch, kk, pad_table, async_, cpu_on)
+                                    or _numpy_segment(inst, a, stretch, kk, pad_table, async_, cpu_on))
+        if not hidden or kk == top - j_lo or _past_next_arrival(seg, a.hint, async_) or seg[-1] >= stop_time:
             break
         kk = min(top - j_lo, kk * 4)
-    a.dts += dts.tolist()
-    a.counts += counts.tolist()
-    ends += seg.tolist()
-    return True
+    a.dts += dts
+    a.counts += counts
+    ends += seg
+    return hidden
+
+
+def _numpy_segment(inst, a: _Arrivals, stretch: _Stretch, kk: int, pad_table: np.ndarray, async_: bool,
+                   cpu_on) -> tuple[list[int], list[float], list[float], bool]:
+    """:func:`_steady_segment` through numpy (any cost model, any CPU overlap): (decodes, step seconds, end times,
+    all CPU work hidden); when some schedule's CPU work would show, the schedules before it and False."""
+    counts, dts = stretch.times(inst.cost_model, kk, pad_table)
+    ends = a.ends
+    if cpu_on:
+        cpu = _decode_cpu(inst.options, counts)
+        if not async_:
+            dts = dts + cpu
+    seg = _end_times(ends[-1], None, dts)
+    # async: schedule j_lo + t is made when executed step j_lo + t - 1 ends and must be done when j_lo + t
+    # ends. That holds when its CPU time is at most that step's duration (a.dts[-1], the admission's, for t = 0;
+    # rounding is monotone and the end is the start plus the duration, rounded), so the exact sums are compared
+    # only when that quick test fails.
+    if async_ and cpu_on and not (cpu[0] <= a.dts[-1] and (cpu[1:] <= dts[:-1]).all()):
+        made = np.concatenate(([ends[-2], ends[-1]], seg[:max(kk - 2, 0)]))[:kk]
+        done = np.concatenate(([ends[-1]], seg[:kk - 1]))
+        hidden = made + cpu <= done
+        if not hidden.all():
+            cut = int(np.argmin(hidden))
+            return counts[:cut].tolist(), dts[:cut].tolist(), seg[:cut].tolist(), False
+    return counts.tolist(), dts.tolist(), seg.tolist(), True
 
 
 def _past_next_arrival(seg, hint: float, async_: bool) -> bool:
@@ -714,11 +709,11 @@ def _first_chunk(a: _Arrivals) -> int:
 
 
 def _steady_segment(inst, a: _Arrivals, stretch: _Stretch, kk: int, pad_table: np.ndarray, async_: bool,
-                    cpu_on) -> tuple[list[int], list[float], list[float]] | None:
-    """(decodes, step seconds, end times) of the stretch's schedules 0..kk-1 after the jump's last planned step,
-    as plain ints and floats (:meth:`_Stretch.steady_times`: tens of steps between arrivals cost less so than
+                    cpu_on) -> tuple[list[int], list[float], list[float], bool] | None:
+    """(decodes, step seconds, end times, True) of the stretch's schedules 0..kk-1 after the jump's last planned
+    step, as plain ints and floats (:meth:`_Stretch.steady_times`: tens of steps between arrivals cost less so than
     through numpy) when the cost model offers it and, under async, their CPU work passes the quick test of
-    :func:`_decode_stretch`; else None (priced with numpy there)."""
+    :func:`_numpy_segment`; else None (priced with numpy there)."""
     runs = stretch.steady_times(inst.cost_model, kk, pad_table)
     if runs is None:
         return None
@@ -739,7 +734,7 @@ def _steady_segment(inst, a: _Arrivals, stretch: _Stretch, kk: int, pad_table: n
     for d in dts:  # one step at a time, as the event loop adds them
         end += d
         seg.append(end)
-    return counts, dts, seg
+    return counts, dts, seg, True
 
 
 def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin: list[int], k: int, bs: int,
