@@ -52,7 +52,7 @@ class SarathiScheduler(SchedulerBase):
     def __init__(self, options: "SarathiScheduler.Options | None" = None) -> None:
         self.options = options or self.Options()
 
-    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_decodes: int,
+    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_scheduled_tokens: int,
                            num_free_blocks: int) -> bool:
         """Pass 3's decision on ``head`` for a schedule whose pass 1 only decoded (see
         :meth:`SchedulerBase.head_stays_blocked`): blocked by ``max_num_seqs``, by no budget left after the
@@ -63,7 +63,7 @@ class SarathiScheduler(SchedulerBase):
             return False
         if num_running >= engine.config.max_num_seqs:
             return True
-        if self.options.chunk_size - num_decodes <= 0:
+        if self.options.chunk_size - num_scheduled_tokens <= 0:
             return True
         if head.num_computed_tokens:
             return False

@@ -81,6 +81,10 @@ class LongestOutputFirstQueue(FixedOrder):
     def __iter__(self) -> Iterator[Request]:
         return iter([e[1] for e in sorted(self._h, key=lambda e: e[0])])
 
+    def first(self, n: int) -> list[Request]:
+        """The first ``n`` requests in service order (fewer if fewer wait)."""
+        return [e[1] for e in heapq.nsmallest(n, self._h, key=lambda e: e[0])]
+
 
 def dfs_weight_order(requests: list[Request], matched_blocks: list[int]) -> list[int]:
     """SGLang's ``dfs-weight`` order of waiting requests (indices into ``requests``).

@@ -27,6 +27,7 @@ import bisect
 import heapq
 import math
 from collections import deque
+from itertools import islice
 from typing import Iterable, Iterator, Literal
 
 import numpy as np
@@ -157,6 +158,13 @@ class SJFQueue:
 
     def __bool__(self) -> bool:
         return bool(self._live)
+
+    def first(self, n: int) -> list[Request]:
+        """The first ``n`` requests in service order (fewer if fewer wait); with starvation protection the head
+        alone, since the order behind it may change with time."""
+        if self.starvation_s is not None:
+            return [self._head()][:n] if self._live else []
+        return list(islice(iter(self), n))
 
     def __iter__(self) -> Iterator[Request]:
         live = self._live

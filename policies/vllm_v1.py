@@ -167,7 +167,7 @@ class VLLMV1Scheduler(SchedulerBase):
                     schedule_drafts(out, r, n)
         return budget
 
-    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_decodes: int,
+    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_scheduled_tokens: int,
                            num_free_blocks: int) -> bool:
         """:meth:`schedule_waiting`'s decision on ``head`` for a schedule whose phase 1 only decoded (see
         :meth:`SchedulerBase.head_stays_blocked`): blocked by ``max_num_seqs``, by no budget left, by a prompt
@@ -180,7 +180,7 @@ class VLLMV1Scheduler(SchedulerBase):
         cfg = engine.config
         if num_running >= cfg.max_num_seqs:
             return True
-        budget = cfg.max_num_batched_tokens - num_decodes
+        budget = cfg.max_num_batched_tokens - num_scheduled_tokens
         if budget <= 0:
             return True
         if engine.kv_offload is not None or head.num_computed_tokens:
@@ -203,28 +203,30 @@ class VLLMV1Scheduler(SchedulerBase):
         reserve = int(cfg.watermark * engine.kv.pool.num_gpu_blocks) if cfg.watermark and num_running else 0
         return need > num_free_blocks - reserve
 
-    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_decodes: int,
-                     num_free_blocks: int) -> bool:
-        """:meth:`schedule_waiting`'s decision on ``request``, a new arrival alone in the queue, for a schedule whose
-        phase 1 only decoded (see :meth:`SchedulerBase.admits_whole`): admitted whole when a ``max_num_seqs`` slot
-        is free, its whole prompt fits the budget left after the decodes and the long-prefill threshold, and its
+    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
+                     num_free_blocks: int, num_waiting: int = 1) -> bool:
+        """:meth:`schedule_waiting`'s decision on ``request``, the waiting head, for a schedule whose phase 1 only
+        decoded (see :meth:`SchedulerBase.admits_whole`): admitted whole when a ``max_num_seqs`` slot is free, its
+        whole prompt fits the budget left after the tokens already scheduled and the long-prefill threshold (off
+        when uncontended: ``num_running + num_waiting <= 1``, the same sum before and after each admission), and its
         blocks (``KVCacheManager.blocks_to_admit``, no prefix hit: content unique to it, or caching off) fit the
-        free blocks less the watermark. False (cannot tell) with a CPU KV tier, a request holding computed state,
-        a padded one-token admission, and for a subclass with an admission phase of its own (or a ``schedule`` of
-        its own)."""
+        free blocks less the watermark. A request preempted before (recompute) is admitted with its prompt and
+        outputs so far. False (cannot tell) with a CPU KV tier, a request holding computed state, one whose own
+        blocks, freed by a preemption, prefix caching may hit, a padded one-token admission, and for a subclass with
+        an admission phase of its own (or a ``schedule`` of its own)."""
         cls = type(self)
         if cls.schedule_waiting is not VLLMV1Scheduler.schedule_waiting or cls.schedule is not VLLMV1Scheduler.schedule:
             return False
         cfg = engine.config
         if num_running >= cfg.max_num_seqs or engine.kv_offload is not None or request.num_computed_tokens:
             return False
-        if request.prev_blocks is not None:
-            return False
+        if request.prev_blocks is not None and engine.kv.enable_prefix_caching:
+            return False  # its own blocks freed by a preemption may be hit, or handed out by then
         n = request.num_tokens
         threshold = cfg.long_prefill_token_threshold
-        if threshold and cfg.threshold_only_when_contended and num_running + 1 <= 1:
+        if threshold and cfg.threshold_only_when_contended and num_running + num_waiting <= 1:
             threshold = 0
-        if 0 < threshold < n or n > cfg.max_num_batched_tokens - num_decodes:
+        if 0 < threshold < n or n > cfg.max_num_batched_tokens - num_scheduled_tokens:
             return False
         if cfg.pad_new_one_token_requests and n == 1:
             return False

@@ -493,3 +493,30 @@ def test_a_jump_with_planned_admissions_materialised_midway_equals_step_by_step(
     spec = [(0.0688, 1, 3, None), (0.00595, 17, 17, None), (0.03137, 2, 1, None), (0.00185, 17, 17, None),
             (0.06198, 1, 90, None), (0.00899, 2, 40, None)]
     assert_same(spec, version="0.33", caching=False, blocks=60, seqs=3)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=st.lists(st.tuples(st.floats(0.0005, 0.01), st.integers(1, 120), st.integers(1, 120), st.none()),
+                     min_size=30, max_size=70),
+       version=st.sampled_from(["0.33", "0.11"]), blocks=st.sampled_from([30, 60, 200]),
+       seqs=st.sampled_from([3, 8, 32]), mbt=st.sampled_from([64, 256]), caching=st.booleans(),
+       cpu=st.sampled_from([0.0, 0.002]), horizon=st.sampled_from([None, None, 0.6]))
+def test_fast_forward_equals_step_by_step_through_admissions_from_a_long_queue(spec, version, blocks, seqs, mbt,
+                                                                              caching, cpu, horizon):
+    # Arrivals far faster than service: a long queue behind a head blocked by KV or max_num_seqs, so jumps go on
+    # through the heads' admissions at completions (fastforward._through_queue): several heads in one schedule,
+    # heads the budget would chunk (the jump ends before them), heads preempted before, preemptions, a horizon
+    assert_same(spec, version=version, blocks=blocks, seqs=seqs, mbt=mbt, caching=caching, cpu=cpu, horizon=horizon)
+
+
+@pytest.mark.parametrize("version", ["0.33", "0.11"])
+@pytest.mark.parametrize("seqs,blocks", [(4, 400), (64, 60)])
+def test_jumps_admit_the_heads_of_a_long_queue(version, seqs, blocks):
+    # 80 requests in 0.16 s: the queue stays long, blocked by max_num_seqs (4 sequences) or by KV (60 blocks, up to
+    # 64 sequences: a completion frees blocks for one head or several, and ~70 preemptions put requests back at the
+    # head); most admissions happen inside jumps (12 of them with KV blocking when jumps ended at each completion
+    # that let a head in, and then 70 % of the steps were jumped)
+    spec = [(0.002, 20 + 13 * i % 90, 30 + 29 * i % 80, None) for i in range(80)]
+    inst = assert_same(spec, version=version, seqs=seqs, blocks=blocks, caching=False).instances[0]
+    assert inst.num_planned_admissions >= 60
+    assert inst.jumped_steps > 0.74 * len(inst.steps)

@@ -2,13 +2,15 @@
 
 Both support the operations the schedulers need: ``add`` (an arrival), ``peek``/``pop`` (the head), ``prepend`` (a
 preempted request, which FCFS puts first and the priority heap simply pushes), ``remove``, iteration in service
-order, and ``order_stable_until`` (when the order may change with time alone).
+order, ``first(n)`` (the first n in service order, without ordering the rest) and ``order_stable_until`` (when the
+order may change with time alone).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
+from itertools import islice
 from typing import Iterator, Protocol
 
 from lab.core.request import Request
@@ -31,6 +33,7 @@ class WaitingQueue(Protocol):
     def __len__(self) -> int: ...
     def __bool__(self) -> bool: ...
     def __iter__(self) -> Iterator[Request]: ...
+    def first(self, n: int) -> list[Request]: ...
     def order_stable_until(self) -> float: ...
 
 
@@ -71,6 +74,10 @@ class FCFSQueue(FixedOrder):
     def __iter__(self) -> Iterator[Request]:
         return iter(self._q)
 
+    def first(self, n: int) -> list[Request]:
+        """The first ``n`` requests in service order (fewer if fewer wait)."""
+        return list(islice(self._q, n))
+
 
 class PriorityQueue(FixedOrder):
     """Heap on ``(priority, arrival_time, index)``; lower priority values are served first."""
@@ -102,6 +109,10 @@ class PriorityQueue(FixedOrder):
 
     def __iter__(self) -> Iterator[Request]:
         return iter(e[3] for e in sorted(self._h, key=lambda e: e[:3]))
+
+    def first(self, n: int) -> list[Request]:
+        """The first ``n`` requests in service order (fewer if fewer wait)."""
+        return [e[3] for e in heapq.nsmallest(n, self._h, key=lambda e: e[:3])]
 
 
 def make_queue(policy: str) -> FCFSQueue | PriorityQueue:

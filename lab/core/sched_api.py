@@ -230,11 +230,11 @@ class Scheduler(Protocol):
 
     def schedule(self, engine: EngineView) -> SchedulerOutput: ...
 
-    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_decodes: int,
+    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_scheduled_tokens: int,
                            num_free_blocks: int) -> bool: ...
 
-    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_decodes: int,
-                     num_free_blocks: int) -> bool: ...
+    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
+                     num_free_blocks: int, num_waiting: int = 1) -> bool: ...
 
 
 class SchedulerBase:
@@ -289,25 +289,26 @@ class SchedulerBase:
     def schedule(self, engine: EngineView) -> SchedulerOutput:  # pragma: no cover - every policy overrides it
         raise NotImplementedError
 
-    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_decodes: int,
+    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_scheduled_tokens: int,
                            num_free_blocks: int) -> bool:
         """Whether a schedule made during a stretch of pure decodes would still not admit the waiting ``head``
-        (the request the last real schedule showed blocked): ``num_running`` requests in the running list,
-        ``num_decodes`` of them scheduled for one token each before admission (phase 1), and ``num_free_blocks``
-        free KV blocks after their allocations. A fast-forward jump goes on through a completion (which frees
-        blocks and a ``max_num_seqs`` slot) only when this says True (lab/engine/fastforward.py); answer True only
-        when sure, False when the head would be admitted or the policy cannot tell. Default: False."""
+        (the request the last real schedule showed blocked, or the one behind requests this schedule admits):
+        ``num_running`` requests in the running list, ``num_scheduled_tokens`` tokens already scheduled in it (the
+        decodes of phase 1, one each, then the prompts admitted before ``head``), and ``num_free_blocks`` free KV
+        blocks after their allocations. A fast-forward jump goes on through a completion (which frees blocks and a
+        ``max_num_seqs`` slot) only when this says True (lab/engine/fastforward.py); answer True only when sure,
+        False when the head would be admitted or the policy cannot tell. Default: False."""
         return False
 
-    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_decodes: int,
-                     num_free_blocks: int) -> bool:
-        """Whether a schedule made during a stretch of pure decodes admits ``request``, a new arrival alone in the
-        waiting queue, with its whole prompt (``request.num_tokens`` tokens) in this step: ``num_running`` requests
-        in the running list, ``num_decodes`` of them scheduled for one token each before admission (phase 1), and
-        ``num_free_blocks`` free KV blocks after their allocations. A fast-forward jump goes on through an arrival
-        whose request and time are known in advance only when this says True (lab/engine/fastforward.py); answer
-        True only when sure, False when the request would wait, be chunked, or the policy cannot tell. Default:
-        False."""
+    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
+                     num_free_blocks: int, num_waiting: int = 1) -> bool:
+        """Whether a schedule made during a stretch of pure decodes admits ``request``, the head of the waiting
+        queue (``num_waiting`` requests, it first: a new arrival alone, or the head of a long queue), with its whole
+        prompt (``request.num_tokens`` tokens) in this step: ``num_running`` requests in the running list,
+        ``num_scheduled_tokens`` tokens already scheduled in it (the decodes of phase 1, one each, then the prompts
+        admitted before it), and ``num_free_blocks`` free KV blocks after their allocations. A fast-forward jump
+        goes on through such an admission only when this says True (lab/engine/fastforward.py); answer True only
+        when sure, False when the request would wait, be chunked, or the policy cannot tell. Default: False."""
         return False
 
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from heapq import heapify, heappop, heappush
-from itertools import accumulate
+from itertools import accumulate, repeat
 
 import numpy as np
 
@@ -86,7 +86,7 @@ class Plan:
                  "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "earlier", "used", "finish_at",
                  "sizes", "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list",
                  "arrivals", "admit_after", "s0", "first_tokens", "admissions", "stops", "admitted_at", "wait_rows",
-                 "planned", "fin_sorted", "adm_sched")
+                 "planned", "fin_sorted", "adm_sched", "from_queue")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -103,6 +103,7 @@ class Plan:
         self.admitted_at: dict[int, list[int]] = {}  # executed step -> positions whose prompt it computes
         self.wait_rows: dict[int, int] = {}  # executed step -> arrivals waiting in its row
         self.planned: set[int] = set()  # id() of the requests the jump admits
+        self.from_queue = False  # they are the waiting queue's heads (_through_queue), not arrivals
 
 
 def steady_batch(inst) -> bool:
@@ -240,12 +241,25 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
             k = len(arr.dts)
         else:
             arr = None
+    # A long queue behind a blocked head: the jump may go on through the head's admissions (_through_queue)
+    elif (waiting and admit_after is not None and k == admit_after + 1 and not inst.finish_triggers_arrival
+          and not inst.hands_off and _arrivals_allowed(inst, running, caching)):
+        arr = _through_queue(inst, running, computed0, rem, fin, dts, counts, ends_list, MAX_JUMP_STEPS, stop_time,
+                             pad_table, admit_after)
+        if arr.admissions:
+            dts, counts, ends_list = np.array(arr.dts), np.array(arr.counts, dtype=np.int64), arr.ends
+            k = len(arr.dts)
+            admit_after = arr.admit_after
+        else:
+            arr = None
     # Every executed step must end strictly before the horizon; the step during which the next arrival is expected
     # is the last one worth planning. Async executes k steps (the in-flight one + schedules 0..k-2) for k schedules.
     n_exec = min(bisect_left(ends_list, stop_time), bisect_left(ends_list, hint) + 1)
     k = min(k, n_exec)
-    if arr is not None:
-        k = arr.bound(k, len(kv.pool.free_queue), bs)
+    if arr is not None and not waiting:
+        k = arr.bound(k, len(kv.pool.free_queue), bs)  # (_through_queue stops before a preemption itself)
+    elif arr is not None and any(j == k for j, _ in arr.admissions):
+        admit_after = k - 1  # the jump ends before an admission it planned: that schedule is a real one
     if k < 2:
         return None
     p = Plan()
@@ -255,10 +269,12 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     p.reqs = list(running)
     if arr is not None and arr.keep(k):
         p.reqs += arr.reqs
-        rem, computed0, outputs0, fin = arr.rem, arr.c0, outputs0 + [0] * len(arr.reqs), arr.fin
+        rem, computed0, fin = arr.rem, arr.c0, arr.fin
+        outputs0 = outputs0 + [r.num_output_tokens for r in arr.reqs]  # (a resumed request's, from before)
         p.s0, p.first_tokens = arr.s0, arr.first_tokens
         p.admissions = arr.admissions
         p.planned = {id(r) for r in arr.reqs}
+        p.from_queue = waiting
     p.rem = rem
     p.computed0 = computed0
     p.outputs0 = outputs0
@@ -406,6 +422,8 @@ class _Stretch:
 # An arrival this close to a step boundary (seconds) is not planned: SimPy's clock may differ from the trace's
 # arrival time by an ulp, and the order of the two would then be a coin toss.
 _ARRIVAL_MARGIN_S = 1e-7
+# Waiting requests read at once when a jump plans admissions from the queue (more are read when it admits them all).
+_QUEUE_HEADS = 8
 
 
 class KnownArrivals:
@@ -446,7 +464,7 @@ class _Arrivals:
     schedules; ``hint``, the time of the first arrival it does not admit (inf if none)."""
 
     __slots__ = ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst", "reqs", "admissions", "dts",
-                 "counts", "ends", "hint", "n_run")
+                 "counts", "ends", "hint", "n_run", "admit_after")
 
     def taken_by(self, alive: list[int], m: int, bs: int) -> int:
         """KV blocks the participants ``alive`` take in schedules 0..m-1: each its prompt's at its admission,
@@ -533,32 +551,8 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
     (it then sizes the jump as the expected next arrival does), at ``cap`` schedules and before ``stop_time``;
     under async scheduling also before a schedule whose CPU work would show. :meth:`_Arrivals.bound` then cuts the
     whole at the first schedule that would run out of KV blocks."""
-    opt = inst.options
-    cost = inst.cost_model
-    kv = inst.kv
-    bs = kv.block_size
-    sizes = opt.cudagraph_sizes
-    off = 1 if async_ else 0
-    n_run = len(running)
-    a = _Arrivals()
-    a.n_run = n_run
-    a.c0, a.rem, a.fin = list(computed0), list(rem), list(fin)
-    a.s0, a.first_tokens, a.base = [0] * n_run, [1] * n_run, [0] * n_run
-    a.held = [len(r.blocks) for r in running]
-    a.dfirst = [(-c) % bs for c in computed0]
-    a.reqs, a.admissions = [], []
-    dbase = list(computed0)  # participant i's decode at schedule j has context dbase[i] + j
-    d0 = [0] * n_run  # its first decode schedule
-    a.dts, a.counts, a.ends = dts.tolist(), counts.tolist(), ends
+    a, ad = _admitting(inst, running, computed0, rem, fin, dts, counts, ends)
     ends = a.ends
-    dts_l, counts_l = a.dts, a.counts
-    heap = [(f, i) for i, f in enumerate(fin)]
-    heapify(heap)
-    alive = list(range(n_run))
-    freed = 0
-    free = len(kv.pool.free_queue)
-    cpu_on = opt.cpu_base_s or opt.cpu_per_seq_s or opt.cpu_per_token_s or opt.cpu_per_new_request_s
-    scheduler = inst.scheduler
     eps = _ARRIVAL_MARGIN_S
     m = 0
     while True:
@@ -569,7 +563,7 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
         t = a.hint = r.arrival_time
         e = bisect_right(ends, t)
         j = e + 1  # the first schedule made after t (schedule j is made when executed step j - 1 ends)
-        if j >= len(dts_l) or j >= cap:
+        if j >= len(a.dts) or j >= cap:
             return a
         at = ends[e]
         if t - (start if e == 0 else ends[e - 1]) <= eps or at - t <= eps or at >= stop_time:
@@ -579,53 +573,337 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
             return a
         if inst.rejection_reason(r):
             return a
+        decoders, avail = ad.at_schedule(a, j)
+        if avail < 0 or not inst.scheduler.admits_whole(inst, r, len(ad.alive), len(decoders), avail):
+            return a
+        if not ad.admit(a, [r], j, at, decoders):
+            return a
+        m += 1
+        nxt = known.peek(m)
+        a.hint = nxt.arrival_time if nxt is not None else float("inf")
+        if not _decode_stretch(inst, a, ad.alive, ad.dbase, j + 1, cap, stop_time, async_, pad_table, ad.cpu_on):
+            return a
+
+
+def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fin: list[int], dts: np.ndarray,
+                   counts: np.ndarray, ends: list[float], cap: int, stop_time: float, pad_table: np.ndarray,
+                   after: int) -> _Arrivals:
+    """Extend a planned stretch of decodes that ends with the completion at step ``after`` (``dts``, ``counts``,
+    ``ends``: schedules 0..after) through admissions of the waiting queue's heads, while each is certain: the
+    overloaded regime, where a long queue waits behind a head blocked by KV or ``max_num_seqs`` and each
+    completion may let heads in.
+
+    At the schedule j after a completion, the scheduler's declared rules decide (:func:`_heads_admitted`), from the
+    running count, the tokens it schedules first and the free blocks after their allocations: if the head stays
+    blocked (``SchedulerBase.head_stays_blocked``) the decodes go on to the next completion; if it takes heads with
+    their whole prompts (``SchedulerBase.admits_whole``) before one it leaves blocked, schedule j admits them as
+    :func:`_through_arrivals` admits an arrival, and the schedule after it (with the whole budget again) is
+    checked the same way. The extension ends at the first schedule whose decision is not certain (``admit_after``
+    of the result: the jump ends with the step before it, and that schedule is a real one), before a schedule that
+    would run out of KV blocks (a preemption), at ``cap`` schedules and past ``stop_time``. The walk keeps the
+    free blocks, the decoding batch and its Σ contexts up to date event by event (block crossings, decode ends,
+    completions), so a schedule costs what changes in it, not the batch size; it prices stretches of decodes with
+    the cost model's steady form and leaves a cost model without one, and CPU work per step, to real schedules.
+    Arrivals during the jump queue behind heads it does not admit (:func:`absorb_arrival`)."""
+    a, ad = _admitting(inst, running, computed0, rem, fin, dts, counts, ends)
+    a.hint = float("inf")  # arrivals join the back of the queue: they do not size the jump
+    a.admit_after = after
+    j = after + 1
+    decoders, avail = ad.at_schedule(a, j)
+    walk = _QueueWalk(inst, a, ad, j, decoders, avail, pad_table)
+    waiting = inst.waiting
+    heads = waiting.first(_QUEUE_HEADS)
+    m = 0  # heads admitted
+    while True:
+        # check point j: the schedule after a completion or an admission; the walk's state is schedule j's
+        if j >= cap or a.ends[j - 1] >= stop_time or walk.avail < 0:
+            return a  # (a negative margin: schedule j preempts)
+        if m + _QUEUE_HEADS // 2 >= len(heads):
+            heads = waiting.first(4 * len(heads))
+        taken = _heads_admitted(inst, heads, m, len(ad.alive), walk.num_decodes, walk.avail, len(waiting) - m)
+        if taken is None:
+            return a
+        if taken:
+            decoding = [i for i in ad.alive if ad.d0[i] <= j < a.s0[i] + a.rem[i]]
+            first = len(a.c0)
+            if not ad.admit(a, heads[m:m + taken], j, a.ends[j - 1], decoding):
+                return a
+            walk.joined(range(first, len(a.c0)))
+            m += taken
+            after = j  # the next schedule has the whole budget again: it is checked as one after a completion
+        else:
+            after = ad.next_completion()
+            if after is None or not walk.decodes(j, min(after, cap - 1)) or len(a.dts) != after + 1:
+                a.admit_after = None  # the jump ends inside a stretch whose head was checked
+                return a
+        a.admit_after = after
+        j = after + 1
+        walk.advance(j)
+
+
+class _QueueWalk:
+    """The state of :func:`_through_queue` at its current schedule: free blocks after that schedule's decode
+    allocations (``avail``), the requests decoding in it (``num_decodes``, their context base sum ``dbase_sum``:
+    Σ contexts at schedule s = ``dbase_sum`` + ``num_decodes`` · s), and heaps of the coming events: block
+    crossings (schedule, participant), decode ends (first schedule without a decode) and completions (the jump's
+    ``_Admitting`` heap)."""
+
+    __slots__ = ("inst", "a", "ad", "avail", "num_decodes", "dbase_sum", "crossings", "stops", "pad_table", "bs",
+                 "ranged", "decoding", "blocks")
+
+    def __init__(self, inst, a: _Arrivals, ad: _Admitting, j: int, decoders: list[int], avail: int,
+                 pad_table: np.ndarray) -> None:
+        self.inst, self.a, self.ad = inst, a, ad
+        self.avail = avail
+        self.pad_table = pad_table
+        bs = self.bs = inst.kv.block_size
+        self.ranged = inst.cost_model.uses_decode_range
+        self.decoding = set(decoders)  # kept only for a cost model that reads the context range
+        dbase = ad.dbase
+        self.num_decodes = len(decoders)
+        self.dbase_sum = sum(dbase[i] for i in decoders)
+        self.blocks = {}  # participant -> blocks it frees at its completion
+        self.crossings = [c for c in map(self._track, ad.alive, repeat(j + 1)) if c is not None]
+        heapify(self.crossings)
+        self.stops = [(a.s0[i] + a.rem[i], i) for i in decoders]
+        heapify(self.stops)
+
+    def _track(self, i: int, after: int) -> tuple[int, int] | None:
+        """Note participant i's blocks at its completion; return its first block crossing at or after schedule
+        ``after`` (schedule, i), or None."""
+        a, bs = self.a, self.bs
+        top = a.s0[i] + a.rem[i]
+        first = a.dfirst[i]
+        self.blocks[i] = a.held[i] + a.base[i] + ((top - first + bs - 1) // bs if top > first else 0)
+        nxt = first if first >= after else first + (after - first + bs - 1) // bs * bs
+        return (nxt, i) if nxt < top else None
+
+    def joined(self, participants) -> None:
+        """Participants admitted at the current schedule: their prompts' blocks now, their decodes from the next."""
+        a, dbase = self.a, self.ad.dbase
+        for i in participants:
+            self.avail -= a.base[i]
+            crossing = self._track(i, a.s0[i] + 1)
+            if crossing is not None:
+                heappush(self.crossings, crossing)
+            self.num_decodes += 1
+            self.dbase_sum += dbase[i]
+            self.decoding.add(i)
+            heappush(self.stops, (a.s0[i] + a.rem[i], i))
+
+    def _cross_until(self, s: int) -> int | None:
+        """Take the block crossings of schedules up to ``s``; the first schedule that runs out of blocks, or
+        None."""
+        crossings, bs, a = self.crossings, self.bs, self.a
+        while crossings and crossings[0][0] <= s:
+            at, i = heappop(crossings)
+            self.avail -= 1
+            if self.avail < 0:
+                return at
+            if at + bs < a.s0[i] + a.rem[i]:
+                heappush(crossings, (at + bs, i))
+        return None
+
+    def _stop_until(self, s: int) -> None:
+        """Drop from the decoding batch the participants whose last decode came before schedule ``s``."""
+        stops, dbase = self.stops, self.ad.dbase
+        while stops and stops[0][0] <= s:
+            i = heappop(stops)[1]
+            self.num_decodes -= 1
+            self.dbase_sum -= dbase[i]
+            self.decoding.discard(i)
+
+    def advance(self, j: int) -> None:
+        """Move to check point ``j`` (the schedule after the last planned one): completions before it free their
+        blocks, decodes that ended leave the batch, schedule j's crossings take blocks."""
+        ad = self.ad
+        heap, alive = ad.heap, ad.alive
         while heap and heap[0][0] < j:
             i = heappop(heap)[1]
             alive.remove(i)
-            freed += a.held[i]
-        decoders = [i for i in alive if d0[i] <= j < a.s0[i] + a.rem[i]]
-        avail = free + freed - a.taken_by(alive, j + 1, bs)
-        if avail < 0 or not scheduler.admits_whole(inst, r, len(alive), len(decoders), avail):
-            return a
-        prompt = r.num_tokens
+            self.avail += self.blocks.pop(i)
+        self._stop_until(j)
+        self._cross_until(j)
+
+    def decodes(self, j: int, last: int) -> bool:
+        """Plan schedules j..last as pure decodes (no completion before ``last``; the decodes ending at ``last``
+        leave it); False when they cannot all be planned: one runs out of blocks (the schedules before it are
+        planned) or has nothing to run."""
+        short = self._cross_until(last)
+        top = last if short is None else short - 1
+        run_end = self.stops[0][0] if self.stops and self.stops[0][0] <= top else top + 1
+        if run_end > j and not self._run(j, run_end - j):
+            return False
+        if run_end <= top:  # async: the requests whose last token is in flight sit out schedule `last`
+            self._stop_until(top)
+            if not self._run(top, 1):
+                return False
+        return short is None
+
+    def _run(self, s: int, steps: int) -> bool:
+        """Price ``steps`` pure-decode schedules from ``s`` of the current batch and append them (with their CPU
+        work as :func:`_numpy_segment` adds it); False when the batch is empty, the cost model has no steady form,
+        or under async a schedule's CPU work would show (the schedules before it are appended)."""
+        b = self.num_decodes
+        if not b:
+            return False
+        cost = self.inst.cost_model
+        dbase = self.ad.dbase
+        lo = hi = 0
+        if self.ranged:
+            lo = min(dbase[i] for i in self.decoding) + s
+            hi = max(dbase[i] for i in self.decoding) + s
+        times = cost.steady_decode_times(b, self.dbase_sum + b * s, hi, lo, int(self.pad_table[b]), steps)
+        if times is None:
+            return False
+        ad, a = self.ad, self.a
+        ends = a.ends
+        hidden_by = None  # async: schedule s + t's CPU work, made when one step ends, must be done when the next does
+        if ad.cpu_on:
+            cpu = _decode_cpu(self.inst.options, b)
+            if ad.async_:
+                hidden_by = cpu
+            else:
+                times = [d + cpu for d in times]
+        end = ends[-1]
+        for t, d in enumerate(times):  # one step at a time, as the event loop adds them
+            if hidden_by is not None and not ends[-2] + hidden_by <= end:
+                a.dts += times[:t]
+                a.counts += [b] * t
+                return False
+            end += d
+            ends.append(end)
+        a.dts += times
+        a.counts += [b] * steps
+        return True
+
+
+def _heads_admitted(inst, heads: list, m: int, num_running: int, num_scheduled_tokens: int, num_free_blocks: int,
+                    num_waiting: int) -> int | None:
+    """How many of the waiting heads ``heads[m:]`` (service order; ``num_waiting`` wait from ``heads[m]`` on) a
+    schedule admits, each with its whole prompt, before one it leaves blocked (0: the first stays blocked), by the
+    scheduler's declared rules; None when that is not certain: a head it would chunk or cannot tell about, or the end
+    of ``heads`` (the next request may arrive during the jump). A head preempted before (recompute) is admitted as
+    any other: its whole prompt is then its prompt and outputs so far."""
+    scheduler = inst.scheduler
+    kv = inst.kv
+    cfg = inst.config
+    taken = 0
+    for head in heads[m:]:
+        if scheduler.head_stays_blocked(inst, head, num_running, num_scheduled_tokens, num_free_blocks):
+            return taken
+        if not scheduler.admits_whole(inst, head, num_running, num_scheduled_tokens, num_free_blocks,
+                                      num_waiting - taken):
+            return None
+        prompt = head.num_tokens
+        num_free_blocks -= kv.blocks_to_admit(head, prompt, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
+        num_running += 1
+        num_scheduled_tokens += prompt
+        taken += 1
+    return None
+
+
+class _Admitting:
+    """The bookkeeping of a jump being extended through admissions (:func:`_admitting`): participants alive (not
+    yet completed, in a heap by completion step), the blocks completions have freed, each participant's first
+    decode schedule and the context base of its decodes (context at schedule j = ``dbase[i]`` + j)."""
+
+    __slots__ = ("inst", "alive", "heap", "freed", "free", "dbase", "d0", "async_", "cpu_on")
+
+    def at_schedule(self, a: _Arrivals, j: int) -> tuple[list[int], int]:
+        """Schedule j (completions before it applied): the participants it decodes, and the free blocks after its
+        decodes' allocations (negative: it preempts)."""
+        heap, alive = self.heap, self.alive
+        while heap and heap[0][0] < j:
+            i = heappop(heap)[1]
+            alive.remove(i)
+            self.freed += a.held[i]
+        d0, s0, rem = self.d0, a.s0, a.rem
+        decoders = [i for i in alive if d0[i] <= j < s0[i] + rem[i]]
+        return decoders, self.free + self.freed - a.taken_by(alive, j + 1, self.inst.kv.block_size)
+
+    def next_completion(self) -> int | None:
+        """The step of the next completion among the participants alive, or None."""
+        return self.heap[0][0] if self.heap else None
+
+    def admit(self, a: _Arrivals, reqs: list, j: int, at: float, decoders: list[int]) -> bool:
+        """Plan schedule j (made at ``at``) as the decodes of ``decoders`` plus the whole prompts of ``reqs`` (in
+        admission order), priced as ``Instance.price_step`` prices it, and add each as a participant decoding
+        from j + 1 until its ``stop_at``; False (nothing added) when under async its CPU work would show."""
+        inst = self.inst
+        opt = inst.options
+        bs = inst.kv.block_size
+        async_ = self.async_
+        prompts = [r.num_tokens for r in reqs]
+        dbase = self.dbase
         ctx = [dbase[i] + j for i in decoders]
-        shape = (BatchShape.decodes_and_prefills(ctx, [prompt], [0]) if prompt > 1
-                 else BatchShape.from_requests([1] * len(ctx) + [prompt], ctx + [0]))
-        if sizes:
-            shape.padded_tokens = padded_size(sizes, shape.num_tokens)
-        dt = cost.step_time(shape)
-        if cpu_on:
+        shape = (BatchShape.decodes_and_prefills(ctx, prompts, [0] * len(prompts)) if min(prompts) > 1
+                 else BatchShape.from_requests([1] * len(ctx) + prompts, ctx + [0] * len(prompts)))
+        if opt.cudagraph_sizes:
+            shape.padded_tokens = padded_size(opt.cudagraph_sizes, shape.num_tokens)
+        dt = inst.cost_model.step_time(shape)
+        ends, dts_l, counts_l = a.ends, a.dts, a.counts
+        if self.cpu_on:
             cpu = (opt.cpu_base_s + opt.cpu_per_seq_s * shape.num_seqs + opt.cpu_per_token_s * shape.num_tokens
-                   + opt.cpu_per_new_request_s * 1)
+                   + opt.cpu_per_new_request_s * len(reqs))
             if not async_:
                 dt += cpu
             elif at + cpu > ends[j]:
-                return a  # its CPU work would show: the jump ends before it
+                return False  # its CPU work would show: the jump ends before it
+        off = 1 if async_ else 0
         del dts_l[j:], counts_l[j:], ends[j + off:]
         dts_l.append(dt)
         counts_l.append(len(decoders))
         ends.append(ends[-1] + dt)
-        i = len(a.c0)
-        a.c0.append(0)
-        a.rem.append(r.stop_at)
-        a.s0.append(j)
-        a.first_tokens.append(prompt)
-        a.held.append(0)
-        a.base.append(-(-prompt // bs))
-        a.dfirst.append(j + 1 + (-prompt) % bs)
-        dbase.append(prompt - j - 1)
-        d0.append(j + 1)
-        f = j + r.stop_at - 1 + off
-        a.fin.append(f)
-        heappush(heap, (f, i))
-        alive.append(i)
-        a.admissions.append((j, i))
-        a.reqs.append(r)
-        m += 1
-        nxt = known.peek(m)
-        a.hint = nxt.arrival_time if nxt is not None else float("inf")
-        if not _decode_stretch(inst, a, alive, dbase, j + 1, cap, stop_time, async_, pad_table, cpu_on):
-            return a
+        for r, prompt in zip(reqs, prompts):
+            i = len(a.c0)
+            left = r.stop_at - r.num_output_tokens  # (a request resumed after a preemption has some already)
+            a.c0.append(0)
+            a.rem.append(left)
+            a.s0.append(j)
+            a.first_tokens.append(prompt)
+            a.held.append(0)
+            a.base.append(-(-prompt // bs))
+            a.dfirst.append(j + 1 + (-prompt) % bs)
+            dbase.append(prompt - j - 1)
+            self.d0.append(j + 1)
+            f = j + left - 1 + off
+            a.fin.append(f)
+            heappush(self.heap, (f, i))
+            self.alive.append(i)
+            a.admissions.append((j, i))
+            a.reqs.append(r)
+        return True
+
+
+def _admitting(inst, running: list, computed0: list[int], rem: list[int], fin: list[int], dts: np.ndarray,
+               counts: np.ndarray, ends: list[float]) -> tuple[_Arrivals, _Admitting]:
+    """A planned stretch of decodes of ``running`` (``dts``, ``counts``, ``ends``) as the start of a jump to be
+    extended through admissions: the participants so far (the running requests) and their bookkeeping."""
+    n_run = len(running)
+    bs = inst.kv.block_size
+    a = _Arrivals()
+    a.n_run = n_run
+    a.c0, a.rem, a.fin = list(computed0), list(rem), list(fin)
+    a.s0, a.first_tokens, a.base = [0] * n_run, [1] * n_run, [0] * n_run
+    a.held = [len(r.blocks) for r in running]
+    a.dfirst = [(-c) % bs for c in computed0]
+    a.reqs, a.admissions = [], []
+    a.dts, a.counts, a.ends = dts.tolist(), counts.tolist(), ends
+    a.admit_after = None
+    ad = _Admitting()
+    ad.inst = inst
+    ad.alive = list(range(n_run))
+    ad.heap = [(f, i) for i, f in enumerate(fin)]
+    heapify(ad.heap)
+    ad.freed = 0
+    ad.free = len(inst.kv.pool.free_queue)
+    ad.dbase = list(computed0)  # participant i's decode at schedule j has context dbase[i] + j
+    ad.d0 = [0] * n_run  # its first decode schedule
+    ad.async_ = inst.async_scheduling
+    opt = inst.options
+    ad.cpu_on = opt.cpu_base_s or opt.cpu_per_seq_s or opt.cpu_per_token_s or opt.cpu_per_new_request_s
+    return a, ad
 
 
 def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo: int, cap: int,
@@ -870,10 +1148,12 @@ def _admission_events(p: Plan, n_run: int, k: int, bs: int) -> None:
 
 def _admission_rows(p: Plan) -> None:
     """For each planned admission at schedule j: the row of step j - 1 (the last before schedule j) counts the
-    arrival as waiting, and the row of the step that computes the prompt (j, async j + 1) has its tokens."""
+    arrival as waiting (a queue head is counted in ``num_waiting`` already, and leaves it from row j on: see
+    :func:`_rows`), and the row of the step that computes the prompt (j, async j + 1) has its tokens."""
     off = 1 if p.async_ else 0
     for j, i in p.admissions:
-        p.wait_rows[j - 1] = p.wait_rows.get(j - 1, 0) + 1
+        if not p.from_queue:
+            p.wait_rows[j - 1] = p.wait_rows.get(j - 1, 0) + 1
         q = j + off
         if q < p.num_schedules:
             p.admitted_at.setdefault(q, []).append(i)
@@ -1108,11 +1388,18 @@ def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
         raise RuntimeError(f"fast-forward: planned admission of request {r.request_id} found no KV blocks")
     inst.admit(r, 0, at)
     inst.num_planned_admissions += 1
+    if plan.from_queue:
+        # the schedule shows the request behind it blocked (_through_queue checked it); the next one is checked too,
+        # unless the jump ends with this schedule
+        inst.steady = j != plan.admit_after
     if r.first_scheduled_time is None:
         r.first_scheduled_time = at
     q = j + 1 if plan.async_ else j
     if q < n_out:
-        record_first_token(r, plan.ends_list[q])
+        if r.first_token_time is None:
+            record_first_token(r, plan.ends_list[q])
+        else:  # a request resumed after a preemption: its next token, an ITL sample from its previous one
+            inst.itl.add(plan.ends_list[q] - r.last_token_time)
 
 
 def _effects(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
@@ -1186,13 +1473,15 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
                    - np.searchsorted(fins, rows, "right")).astype(float)
     else:
         running = running_end
-    if wait_rows or arrivals:
+    if wait_rows or arrivals or plan.from_queue:
         waits = np.full(q1 - q, float(nw))
         for x, c in wait_rows.items():
             if q <= x < q1:
                 waits[x - q] += c
         if arrivals:
             waits += np.searchsorted(arrivals, e, "left")
+        if plan.from_queue:  # a head admitted at schedule j waits no more from row j on
+            waits -= np.searchsorted(adm, np.arange(q, q1), "right")
     else:
         waits = nw
     prefill = batch = None
@@ -1238,8 +1527,10 @@ def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
     for i in done:
         inst.complete(plan.reqs[i], end)
     inst.running = [r for r in inst.running if r.status == RequestStatus.RUNNING]
-    if plan.num_waiting and q == plan.admit_after:
-        inst.steady = False  # the schedule after this completion may admit: it is a real one
+    if plan.num_waiting and (q == plan.admit_after or (plan.from_queue and q + 1 in plan.adm_sched)):
+        # the schedule after this completion may admit: a real one, unless the jump goes on with it (a planned
+        # admission of the queue's head, which shows the head behind it blocked: _admit_planned)
+        inst.steady = False
 
 
 def absorb_arrival(plan: Plan, t: float, stable_until: float) -> bool:

@@ -475,8 +475,8 @@ class Instance:
         nor make the next step a real one (:meth:`_queued_behind`)."""
         if self._ff and self.steady and self.waiting:
             p = self._plan
-            if p is not None and p.admissions:  # the queue holds arrivals the jump admits, not a blocked head
-                return None
+            if p is not None and p.admissions and not p.from_queue:
+                return None  # the queue holds arrivals the jump admits, not a blocked head
             return self.waiting.peek()
         return None
 
