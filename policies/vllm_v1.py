@@ -238,6 +238,51 @@ class VLLMV1Scheduler(SchedulerBase):
         reserve = int(cfg.watermark * engine.kv.pool.num_gpu_blocks) if cfg.watermark and num_running else 0
         return need <= num_free_blocks - reserve
 
+    def admits_chunk(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
+                     num_free_blocks: int, num_waiting: int) -> int | None:
+        """:meth:`schedule_waiting`'s first chunk for the waiting head ``request`` when its whole prompt does not
+        fit the budget left (see :meth:`SchedulerBase.admits_chunk`): with chunked prefill, the budget left, when
+        it is below the prompt, the long-prefill threshold does not cut the prompt first, and its blocks fit the
+        free blocks less the watermark; None in the cases :meth:`admits_whole` cannot tell about."""
+        cls = type(self)
+        if cls.schedule_waiting is not VLLMV1Scheduler.schedule_waiting or cls.schedule is not VLLMV1Scheduler.schedule:
+            return None
+        cfg = engine.config
+        kv = engine.kv
+        if not cfg.enable_chunked_prefill or num_running >= cfg.max_num_seqs or engine.kv_offload is not None:
+            return None
+        if request.num_computed_tokens or (request.prev_blocks is not None and kv.enable_prefix_caching):
+            return None
+        n = request.num_tokens
+        budget = cfg.max_num_batched_tokens - num_scheduled_tokens
+        threshold = cfg.long_prefill_token_threshold
+        if threshold and cfg.threshold_only_when_contended and num_running + num_waiting <= 1:
+            threshold = 0
+        if 0 < threshold < n or not 0 < budget < n:
+            return None
+        if kv.enable_prefix_caching and not unique_content(request):
+            return None
+        need = kv.blocks_to_admit(request, budget, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
+        if need is None:
+            return None
+        reserve = int(cfg.watermark * kv.pool.num_gpu_blocks) if cfg.watermark and num_running else 0
+        return budget if need <= num_free_blocks - reserve else None
+
+    def finishes_prefill(self, engine: EngineView, request: Request, num_tokens_left: int,
+                         num_scheduled_tokens: int) -> bool:
+        """:meth:`_plan_running`'s tokens for ``request``, part-way through its prompt (see
+        :meth:`SchedulerBase.finishes_prefill`): all that are left when they fit the budget left, the long-prefill
+        threshold (taken as in force: it may be lifted only when nothing else runs or waits) and the model
+        length."""
+        cls = type(self)
+        if cls.schedule_running is not VLLMV1Scheduler.schedule_running or cls.schedule is not VLLMV1Scheduler.schedule:
+            return False
+        cfg = engine.config
+        threshold = cfg.long_prefill_token_threshold
+        if 0 < threshold < num_tokens_left or num_tokens_left > cfg.max_num_batched_tokens - num_scheduled_tokens:
+            return False
+        return request.num_tokens < cfg.max_model_len
+
     def schedule_waiting(self, engine: EngineView, out: SchedulerOutput, budget: int, threshold: int) -> int:
         """Phase 2: admit waiting requests in queue order; stops at the first that does not fit."""
         cfg = engine.config

@@ -236,6 +236,12 @@ class Scheduler(Protocol):
     def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
                      num_free_blocks: int, num_waiting: int = 1) -> bool: ...
 
+    def admits_chunk(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
+                     num_free_blocks: int, num_waiting: int) -> int | None: ...
+
+    def finishes_prefill(self, engine: EngineView, request: Request, num_tokens_left: int,
+                         num_scheduled_tokens: int) -> bool: ...
+
 
 class SchedulerBase:
     """Base class of every scheduling policy: it declares the capabilities the engine reads, with safe defaults.
@@ -266,8 +272,10 @@ class SchedulerBase:
       None for a policy with a budget of its own, e.g. Orca's whole prompts).
     - :meth:`head_stays_blocked`: its admission rule for a fast-forward jump through a completion (default: cannot
       tell, so a jump with requests waiting ends at its first completion).
-    - :meth:`admits_whole`: its admission rule for a fast-forward jump through an arrival (default: cannot tell, so
-      a jump ends at the next arrival).
+    - :meth:`admits_whole`: its admission rule for a fast-forward jump through an arrival or the waiting queue's
+      head (default: cannot tell, so a jump ends at the next arrival, or at the completion that may admit).
+    - :meth:`admits_chunk`, :meth:`finishes_prefill`: its rules for a head admitted with a first chunk of its
+      prompt and the rest in the next schedule (default: cannot tell, so the jump ends before such a head).
     """
 
     name = "scheduler"
@@ -309,6 +317,21 @@ class SchedulerBase:
         admitted before it), and ``num_free_blocks`` free KV blocks after their allocations. A fast-forward jump
         goes on through such an admission only when this says True (lab/engine/fastforward.py); answer True only
         when sure, False when the request would wait, be chunked, or the policy cannot tell. Default: False."""
+        return False
+
+    def admits_chunk(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
+                     num_free_blocks: int, num_waiting: int) -> int | None:
+        """The tokens of ``request``'s prompt a schedule made during a stretch of pure decodes computes when it
+        admits it with a first chunk (its whole prompt does not fit the budget left: chunked prefill), the
+        arguments as for :meth:`admits_whole`; None when it would not, or the policy cannot tell. A fast-forward
+        jump then plans the rest of the prompt in the next schedule (:meth:`finishes_prefill`). Default: None."""
+        return None
+
+    def finishes_prefill(self, engine: EngineView, request: Request, num_tokens_left: int,
+                         num_scheduled_tokens: int) -> bool:
+        """Whether a schedule's running phase gives ``request`` (running, last in the running list, with
+        ``num_tokens_left`` tokens of its prompt to compute) all of them, after ``num_scheduled_tokens`` tokens of
+        the requests before it; answer True only when sure. Default: False."""
         return False
 
 

@@ -193,11 +193,13 @@ class StepLog:
             c.append(v)
 
     def extend(self, start: list, duration: list, decodes: list, used: list, running: int | list[int],
-               waiting: int | list[int], prefill: list[int] | None = None, batch: list[int] | None = None) -> None:
+               waiting: int | list[int], prefill: list[int] | None = None, batch: list[int] | None = None,
+               output: list[int] | None = None) -> None:
         """Append rows of steps without preemptions or transfers (fast-forward): per row ``decodes`` requests
-        computing and sampling one token and, with ``prefill``, as many tokens of prompts computed whole (each
-        request of ``batch`` minus ``decodes`` samples its first token); ``running``, ``waiting``: one count for
-        every row, or one per row (a sequence or a float array)."""
+        computing and sampling one token and, with ``prefill``, as many tokens of prompts (each request of
+        ``batch`` minus ``decodes`` computes its prompt or a chunk of it); ``output``: the requests that sample
+        (default: all of ``batch``); ``running``, ``waiting``: one count for every row, or one per row (a sequence
+        or a float array)."""
         if self.bounded:
             self.maybe_spill()
         n = len(start)
@@ -218,7 +220,7 @@ class StepLog:
             c_pre.extend(_floats(prefill))
             seqs = _floats(batch)
             c_batch.extend(seqs)
-            c_out.extend(seqs)
+            c_out.extend(seqs if output is None else _floats(output))
         c_dec.extend(decs)
         c_used.extend(_floats(used))
         c_run.extend(array("d", (running,)) * n if isinstance(running, int) else _floats(running))

@@ -79,14 +79,16 @@ class Plan:
 
     With planned admissions (``admissions``: (schedule, position) pairs) the arrivals follow the running requests in
     ``reqs``: participant i takes part in schedules ``s0[i]`` .. ``s0[i] + rem[i] - 1`` and computes
-    ``first_tokens[i]`` tokens at the first (its whole prompt; 1 for a running request, ``s0`` = 0).
+    ``first_tokens[i]`` tokens before its decodes (its whole prompt; 1 for a running request, ``s0`` = 0):
+    ``chunk0[i]`` of them at its first schedule and, when that is less (a prompt the budget chunks), the rest at
+    the next one, which samples its first token.
     """
 
     __slots__ = ("reqs", "rem", "computed0", "outputs0", "num_schedules", "dts", "ends", "events", "start", "first",
                  "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "earlier", "used", "finish_at",
                  "sizes", "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list",
                  "arrivals", "admit_after", "s0", "first_tokens", "admissions", "stops", "admitted_at", "wait_rows",
-                 "planned", "fin_sorted", "adm_sched", "from_queue")
+                 "planned", "fin_sorted", "adm_sched", "from_queue", "chunk0")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -98,9 +100,10 @@ class Plan:
         self.arrivals: list[float] = []  # times of earlier arrivals that left the blocked waiting head in place
         # planned admissions of arrivals known in advance (_through_arrivals); None / empty without
         self.s0: list[int] | None = None  # per participant, its first planned schedule (0: running at the start)
-        self.first_tokens: list[int] | None = None  # tokens it computes at that schedule (1, or its whole prompt)
+        self.first_tokens: list[int] | None = None  # tokens it computes before its decodes (1, or its whole prompt)
+        self.chunk0: list[int] | None = None  # of which at its first schedule (less: the rest at the next one)
         self.admissions: list[tuple[int, int]] = []  # (schedule, position) of each planned admission
-        self.admitted_at: dict[int, list[int]] = {}  # executed step -> positions whose prompt it computes
+        self.admitted_at: dict[int, list[tuple[int, bool]]] = {}  # executed step -> (prompt tokens, sampled) pairs
         self.wait_rows: dict[int, int] = {}  # executed step -> arrivals waiting in its row
         self.planned: set[int] = set()  # id() of the requests the jump admits
         self.from_queue = False  # they are the waiting queue's heads (_through_queue), not arrivals
@@ -258,8 +261,9 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     k = min(k, n_exec)
     if arr is not None and not waiting:
         k = arr.bound(k, len(kv.pool.free_queue), bs)  # (_through_queue stops before a preemption itself)
-    elif arr is not None and any(j == k for j, _ in arr.admissions):
-        admit_after = k - 1  # the jump ends before an admission it planned: that schedule is a real one
+    elif arr is not None and any(j == k or (j + 1 == k and arr.chunk0[i] < arr.first_tokens[i])
+                                 for j, i in arr.admissions):
+        admit_after = k - 1  # the jump ends before an admission (or a prompt's rest) it planned: a real schedule
     if k < 2:
         return None
     p = Plan()
@@ -271,7 +275,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
         p.reqs += arr.reqs
         rem, computed0, fin = arr.rem, arr.c0, arr.fin
         outputs0 = outputs0 + [r.num_output_tokens for r in arr.reqs]  # (a resumed request's, from before)
-        p.s0, p.first_tokens = arr.s0, arr.first_tokens
+        p.s0, p.first_tokens, p.chunk0 = arr.s0, arr.first_tokens, arr.chunk0
         p.admissions = arr.admissions
         p.planned = {id(r) for r in arr.reqs}
         p.from_queue = waiting
@@ -464,7 +468,7 @@ class _Arrivals:
     schedules; ``hint``, the time of the first arrival it does not admit (inf if none)."""
 
     __slots__ = ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst", "reqs", "admissions", "dts",
-                 "counts", "ends", "hint", "n_run", "admit_after")
+                 "counts", "ends", "hint", "n_run", "admit_after", "chunk0")
 
     def taken_by(self, alive: list[int], m: int, bs: int) -> int:
         """KV blocks the participants ``alive`` take in schedules 0..m-1: each its prompt's at its admission,
@@ -528,7 +532,7 @@ class _Arrivals:
         while adm and adm[-1][0] >= k:
             adm.pop()
         n = self.n_run + len(adm)
-        for name in ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst"):
+        for name in ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst", "chunk0"):
             del getattr(self, name)[n:]
         del self.reqs[len(adm):]
         return bool(adm)
@@ -620,14 +624,24 @@ def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fi
             return a  # (a negative margin: schedule j preempts)
         if m + _QUEUE_HEADS // 2 >= len(heads):
             heads = waiting.first(4 * len(heads))
-        taken = _heads_admitted(inst, heads, m, len(ad.alive), walk.num_decodes, walk.avail, len(waiting) - m)
-        if taken is None:
+        rest = walk.rest(j)  # a prompt chunked at j - 1: its rest, in the running phase
+        if rest is False:
             return a
-        if taken:
+        scheduled = walk.num_decodes + (rest[1] if rest else 0)
+        free = walk.avail - (walk.rest_blocks() if rest else 0)
+        if free < 0:
+            return a  # its rest's blocks would preempt
+        got = _heads_admitted(inst, heads, m, len(ad.alive), scheduled, free, len(waiting) - m)
+        if got is None:
+            return a
+        taken, last_chunk = got
+        if taken or rest:
             decoding = [i for i in ad.alive if ad.d0[i] <= j < a.s0[i] + a.rem[i]]
             first = len(a.c0)
-            if not ad.admit(a, heads[m:m + taken], j, a.ends[j - 1], decoding):
+            if not ad.admit(a, heads[m:m + taken], j, a.ends[j - 1], decoding, last_chunk, rest or None):
                 return a
+            if rest:
+                walk.rest_done()
             walk.joined(range(first, len(a.c0)))
             m += taken
             after = j  # the next schedule has the whole budget again: it is checked as one after a completion
@@ -649,7 +663,7 @@ class _QueueWalk:
     ``_Admitting`` heap)."""
 
     __slots__ = ("inst", "a", "ad", "avail", "num_decodes", "dbase_sum", "crossings", "stops", "pad_table", "bs",
-                 "ranged", "decoding", "blocks")
+                 "ranged", "decoding", "blocks", "pending")
 
     def __init__(self, inst, a: _Arrivals, ad: _Admitting, j: int, decoders: list[int], avail: int,
                  pad_table: np.ndarray) -> None:
@@ -663,6 +677,7 @@ class _QueueWalk:
         self.num_decodes = len(decoders)
         self.dbase_sum = sum(dbase[i] for i in decoders)
         self.blocks = {}  # participant -> blocks it frees at its completion
+        self.pending = None  # a participant whose prompt's first chunk the last schedule computed
         self.crossings = [c for c in map(self._track, ad.alive, repeat(j + 1)) if c is not None]
         heapify(self.crossings)
         self.stops = [(a.s0[i] + a.rem[i], i) for i in decoders]
@@ -679,17 +694,51 @@ class _QueueWalk:
         return (nxt, i) if nxt < top else None
 
     def joined(self, participants) -> None:
-        """Participants admitted at the current schedule: their prompts' blocks now, their decodes from the next."""
-        a, dbase = self.a, self.ad.dbase
+        """Participants admitted at the current schedule: their prompts' blocks now, their decodes from the next
+        (a prompt's first chunk: its blocks now, the rest and its decodes with :meth:`rest_done`)."""
+        a = self.a
         for i in participants:
-            self.avail -= a.base[i]
-            crossing = self._track(i, a.s0[i] + 1)
-            if crossing is not None:
-                heappush(self.crossings, crossing)
-            self.num_decodes += 1
-            self.dbase_sum += dbase[i]
-            self.decoding.add(i)
-            heappush(self.stops, (a.s0[i] + a.rem[i], i))
+            if a.chunk0[i] < a.first_tokens[i]:
+                self.avail -= -(-a.chunk0[i] // self.bs)
+                self.pending = i
+            else:
+                self.avail -= a.base[i]
+                self._decoding_from(i, a.s0[i] + 1)
+
+    def _decoding_from(self, i: int, s: int) -> None:
+        """Participant i decodes from schedule ``s`` on: its block crossings and its decode end are tracked."""
+        a = self.a
+        crossing = self._track(i, s)
+        if crossing is not None:
+            heappush(self.crossings, crossing)
+        self.num_decodes += 1
+        self.dbase_sum += self.ad.dbase[i]
+        self.decoding.add(i)
+        heappush(self.stops, (a.s0[i] + a.rem[i], i))
+
+    def rest(self, j: int):
+        """At schedule j: None without a prompt chunked at j - 1; else (participant, tokens left, tokens computed)
+        when the scheduler's running phase gives it all its rest after the decodes, or False (it cannot tell)."""
+        i = self.pending
+        if i is None:
+            return None
+        a = self.a
+        left = a.first_tokens[i] - a.chunk0[i]
+        if not self.inst.scheduler.finishes_prefill(self.inst, a.reqs[i - a.n_run], left, self.num_decodes):
+            return False
+        return i, left, a.chunk0[i]
+
+    def rest_blocks(self) -> int:
+        """The blocks the pending prompt's rest takes."""
+        i = self.pending
+        return self.a.base[i] - -(-self.a.chunk0[i] // self.bs)
+
+    def rest_done(self) -> None:
+        """The current schedule computes the pending prompt's rest: its blocks now, its decodes from the next."""
+        i = self.pending
+        self.avail -= self.rest_blocks()
+        self.pending = None
+        self._decoding_from(i, self.a.s0[i] + 2)
 
     def _cross_until(self, s: int) -> int | None:
         """Take the block crossings of schedules up to ``s``; the first schedule that runs out of blocks, or
@@ -779,22 +828,24 @@ class _QueueWalk:
 
 
 def _heads_admitted(inst, heads: list, m: int, num_running: int, num_scheduled_tokens: int, num_free_blocks: int,
-                    num_waiting: int) -> int | None:
+                    num_waiting: int) -> tuple[int, int | None] | None:
     """How many of the waiting heads ``heads[m:]`` (service order; ``num_waiting`` wait from ``heads[m]`` on) a
-    schedule admits, each with its whole prompt, before one it leaves blocked (0: the first stays blocked), by the
-    scheduler's declared rules; None when that is not certain: a head it would chunk or cannot tell about, or the end
-    of ``heads`` (the next request may arrive during the jump). A head preempted before (recompute) is admitted as
-    any other: its whole prompt is then its prompt and outputs so far."""
+    schedule admits before one it leaves blocked (0: the first stays blocked), by the scheduler's declared rules,
+    and the tokens of the last one's first chunk when the budget chunks its prompt (None: every prompt whole);
+    None when that is not certain: a head it cannot tell about, or the end of ``heads`` (the next request may
+    arrive during the jump). A head preempted before (recompute) is admitted as any other: its whole prompt is
+    then its prompt and outputs so far."""
     scheduler = inst.scheduler
     kv = inst.kv
     cfg = inst.config
     taken = 0
     for head in heads[m:]:
         if scheduler.head_stays_blocked(inst, head, num_running, num_scheduled_tokens, num_free_blocks):
-            return taken
-        if not scheduler.admits_whole(inst, head, num_running, num_scheduled_tokens, num_free_blocks,
-                                      num_waiting - taken):
-            return None
+            return taken, None
+        left = num_waiting - taken
+        if not scheduler.admits_whole(inst, head, num_running, num_scheduled_tokens, num_free_blocks, left):
+            chunk = scheduler.admits_chunk(inst, head, num_running, num_scheduled_tokens, num_free_blocks, left)
+            return None if chunk is None else (taken + 1, chunk)  # (the chunk takes the budget left)
         prompt = head.num_tokens
         num_free_blocks -= kv.blocks_to_admit(head, prompt, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
         num_running += 1
@@ -826,19 +877,29 @@ class _Admitting:
         """The step of the next completion among the participants alive, or None."""
         return self.heap[0][0] if self.heap else None
 
-    def admit(self, a: _Arrivals, reqs: list, j: int, at: float, decoders: list[int]) -> bool:
-        """Plan schedule j (made at ``at``) as the decodes of ``decoders`` plus the whole prompts of ``reqs`` (in
-        admission order), priced as ``Instance.price_step`` prices it, and add each as a participant decoding
-        from j + 1 until its ``stop_at``; False (nothing added) when under async its CPU work would show."""
+    def admit(self, a: _Arrivals, reqs: list, j: int, at: float, decoders: list[int], last_chunk: int | None = None,
+              rest: tuple[int, int, int] | None = None) -> bool:
+        """Plan schedule j (made at ``at``) as the decodes of ``decoders``, then ``rest`` (participant, tokens,
+        context: the rest of a prompt chunked the schedule before, in the running phase), then the whole prompts of
+        ``reqs`` (in admission order; the last computes only ``last_chunk`` tokens when given), priced as
+        ``Instance.price_step`` prices it; add each of ``reqs`` as a participant decoding once its prompt is done,
+        until its ``stop_at``. False (nothing added) when under async its CPU work would show."""
         inst = self.inst
         opt = inst.options
         bs = inst.kv.block_size
         async_ = self.async_
         prompts = [r.num_tokens for r in reqs]
+        news = list(prompts)
+        if last_chunk is not None:
+            news[-1] = last_chunk
+        contexts = [0] * len(news)
+        if rest is not None:
+            news.insert(0, rest[1])
+            contexts.insert(0, rest[2])
         dbase = self.dbase
         ctx = [dbase[i] + j for i in decoders]
-        shape = (BatchShape.decodes_and_prefills(ctx, prompts, [0] * len(prompts)) if min(prompts) > 1
-                 else BatchShape.from_requests([1] * len(ctx) + prompts, ctx + [0] * len(prompts)))
+        shape = (BatchShape.decodes_and_prefills(ctx, news, contexts) if min(news) > 1
+                 else BatchShape.from_requests([1] * len(ctx) + news, ctx + contexts))
         if opt.cudagraph_sizes:
             shape.padded_tokens = padded_size(opt.cudagraph_sizes, shape.num_tokens)
         dt = inst.cost_model.step_time(shape)
@@ -855,19 +916,22 @@ class _Admitting:
         dts_l.append(dt)
         counts_l.append(len(decoders))
         ends.append(ends[-1] + dt)
-        for r, prompt in zip(reqs, prompts):
-            i = len(a.c0)
+        for n, (r, prompt) in enumerate(zip(reqs, prompts)):
+            chunked = last_chunk is not None and n == len(reqs) - 1
+            k = 2 if chunked else 1  # schedules of its prompt
             left = r.stop_at - r.num_output_tokens  # (a request resumed after a preemption has some already)
+            i = len(a.c0)
             a.c0.append(0)
-            a.rem.append(left)
+            a.rem.append(left + k - 1)
             a.s0.append(j)
             a.first_tokens.append(prompt)
+            a.chunk0.append(last_chunk if chunked else prompt)
             a.held.append(0)
             a.base.append(-(-prompt // bs))
-            a.dfirst.append(j + 1 + (-prompt) % bs)
-            dbase.append(prompt - j - 1)
-            self.d0.append(j + 1)
-            f = j + left - 1 + off
+            a.dfirst.append(j + k + (-prompt) % bs)
+            dbase.append(prompt - j - k)
+            self.d0.append(j + k)
+            f = j + left + k - 2 + off
             a.fin.append(f)
             heappush(self.heap, (f, i))
             self.alive.append(i)
@@ -886,6 +950,7 @@ def _admitting(inst, running: list, computed0: list[int], rem: list[int], fin: l
     a.n_run = n_run
     a.c0, a.rem, a.fin = list(computed0), list(rem), list(fin)
     a.s0, a.first_tokens, a.base = [0] * n_run, [1] * n_run, [0] * n_run
+    a.chunk0 = [1] * n_run
     a.held = [len(r.blocks) for r in running]
     a.dfirst = [(-c) % bs for c in computed0]
     a.reqs, a.admissions = [], []
@@ -1135,13 +1200,19 @@ _PAD_TABLES_KEPT = 64  # (sizes, top) pairs cached at most: a cluster's instance
 
 def _admission_events(p: Plan, n_run: int, k: int, bs: int) -> None:
     """Add the block operations of the planned admissions to ``p.events`` (kind 2: admit the request, allocating
-    its prompt's blocks, after the decodes of that schedule; then kind 0 as its decodes cross block boundaries)."""
+    its prompt's (first chunk's) blocks, after the decodes of that schedule; kind 3: the blocks of a chunked
+    prompt's rest, at the next schedule after the decodes before it; then kind 0 as its decodes cross block
+    boundaries)."""
     ev = p.events
-    s0, rem, first_tokens = p.s0, p.rem, p.first_tokens
+    s0, rem, first_tokens, chunk0 = p.s0, p.rem, p.first_tokens, p.chunk0
     for j, i in p.admissions:
         ev.append((j, i, 2))
+        prompt_schedules = 1
+        if chunk0[i] < first_tokens[i]:
+            ev.append((j + 1, i, 3))
+            prompt_schedules = 2
         top = min(s0[i] + rem[i], k)
-        for jd in range(j + 1 + (-first_tokens[i]) % bs, top, bs):
+        for jd in range(j + prompt_schedules + (-first_tokens[i]) % bs, top, bs):
             ev.append((jd, i, 0))
     ev.sort()
 
@@ -1149,14 +1220,19 @@ def _admission_events(p: Plan, n_run: int, k: int, bs: int) -> None:
 def _admission_rows(p: Plan) -> None:
     """For each planned admission at schedule j: the row of step j - 1 (the last before schedule j) counts the
     arrival as waiting (a queue head is counted in ``num_waiting`` already, and leaves it from row j on: see
-    :func:`_rows`), and the row of the step that computes the prompt (j, async j + 1) has its tokens."""
+    :func:`_rows`), and the row of the step that computes the prompt (j, async j + 1; a chunked prompt's rest
+    the next) has its tokens and whether it samples (``admitted_at``: row -> (tokens, samples) pairs)."""
     off = 1 if p.async_ else 0
+    ft, ch = p.first_tokens, p.chunk0
     for j, i in p.admissions:
         if not p.from_queue:
             p.wait_rows[j - 1] = p.wait_rows.get(j - 1, 0) + 1
         q = j + off
+        whole = ch[i] == ft[i]
         if q < p.num_schedules:
-            p.admitted_at.setdefault(q, []).append(i)
+            p.admitted_at.setdefault(q, []).append((ch[i], whole))
+        if not whole and q + 1 < p.num_schedules:
+            p.admitted_at.setdefault(q + 1, []).append((ft[i] - ch[i], True))
 
 
 def _block_events(computed0: list[int], rem: list[int], k: int, bs: int, async_: bool, caching: bool,
@@ -1212,23 +1288,33 @@ def step_for(plan: Plan, j: int) -> ScheduledStep:
 
 def _step_with_admissions(plan: Plan, j: int) -> ScheduledStep:
     """:func:`step_for` in a jump with planned admissions: participant i takes part in schedules s0_i ..
-    s0_i + rem_i - 1, computing ``first_tokens[i]`` tokens at the first."""
+    s0_i + rem_i - 1, computing ``chunk0[i]`` tokens at the first, the rest of ``first_tokens[i]`` at the second
+    when that is more (its first sample), then one token a schedule."""
     reqs = []
     news = []
     before = []
-    s0, rem, ft, c0 = plan.s0, plan.rem, plan.first_tokens, plan.computed0
+    samples = []
+    s0, rem, ft, ch, c0 = plan.s0, plan.rem, plan.first_tokens, plan.chunk0, plan.computed0
     for i, r in enumerate(plan.reqs):
         done = j - s0[i]
         if 0 <= done < rem[i]:
+            k = 1 if ch[i] == ft[i] else 2  # schedules of its prompt
             reqs.append(r)
-            news.append(ft[i] if done == 0 else 1)
-            before.append(c0[i] + (0 if done == 0 else ft[i] + done - 1))
+            if done == 0:
+                news.append(ch[i])
+                before.append(c0[i])
+            elif done < k:
+                news.append(ft[i] - ch[i])
+                before.append(c0[i] + ch[i])
+            else:
+                news.append(1)
+                before.append(c0[i] + ft[i] + done - k)
+            samples.append(done >= k - 1)
     shape = BatchShape.from_requests(news, before)
     shape.padded_tokens = padded_size(plan.sizes, shape.num_tokens)
     at = plan.start if j == 0 else plan.ends_list[j - 1]
     used = plan.used[j] if j < len(plan.used) else 0
-    B = len(reqs)
-    return ScheduledStep(reqs, news, [True] * B, shape, [float(plan.dts[j])], at, used, 0)
+    return ScheduledStep(reqs, news, samples, shape, [float(plan.dts[j])], at, used, 0)
 
 
 def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
@@ -1273,14 +1359,16 @@ def _running_outputs(async_: bool, m: int, sched: int, n_out: int) -> tuple[int,
 
 def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
     """:func:`_sync_counters` in a jump with planned admissions: participant i's schedules start at s0_i (its
-    first computes ``first_tokens[i]`` tokens) and, for an admitted arrival, its outputs one step after each
-    (sync: the same step). A participant whose first schedule is not applied yet is left as it is."""
+    prompt at the first, or in two chunks at the first two) and, for an admitted request, its outputs one step
+    after each schedule that samples (sync: the same step). A participant whose first schedule is not applied yet
+    is left as it is."""
     reqs = plan.reqs
     async_ = plan.async_
+    off = 1 if async_ else 0
     ends_list = plan.ends_list
     cu = plan.caching_unique
     bs = plan.block_size
-    s0, rem, ft = plan.s0, plan.rem, plan.first_tokens
+    s0, rem, ft, ch = plan.s0, plan.rem, plan.first_tokens, plan.chunk0
     for i in indices:
         m = rem[i]
         sched = n_sched - s0[i]
@@ -1288,26 +1376,34 @@ def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> No
             continue
         if sched > m:
             sched = m
+        r = reqs[i]
         if s0[i] == 0:  # running at the jump's start
             out, in_flight = _running_outputs(async_, m, sched, n_out)
             last = out - 1
-        else:  # admitted at schedule s0: its k-th output comes from step s0 + k - 1 (+ 1 async)
-            out = n_out - s0[i] - (1 if async_ else 0)
-            out = 0 if out < 0 else (out if out < m else m)
-            in_flight = sched - out
-            last = s0[i] + (1 if async_ else 0) + out - 1
-        r = reqs[i]
-        c = plan.computed0[i] + ft[i] + sched - 1
+            c = plan.computed0[i] + sched
+            inflight_tokens = in_flight
+            prefilling = False
+        else:  # admitted at schedule s0: its first output from step s0 + k - 1 (+ 1 async), then one a step
+            k = 1 if ch[i] == ft[i] else 2
+            first_out = s0[i] + k - 1 + off
+            out = n_out - first_out
+            out = 0 if out < 0 else (out if out < m - k + 1 else m - k + 1)
+            sampling = sched - k + 1  # its schedules so far that sample
+            in_flight = (sampling if sampling > 0 else 0) - out
+            last = first_out + out - 1
+            c = plan.computed0[i] + (ch[i] if sched < k else ft[i] + sched - k)
+            done = n_out - s0[i] - off  # its schedules whose steps have completed
+            done = 0 if done < 0 else (done if done < sched else sched)
+            # tokens in flight: those of its schedules whose steps have not completed
+            inflight_tokens = sum((ch[i] if t == 0 else ft[i] - ch[i] if t < k else 1) for t in range(done, sched))
+            prefilling = sched <= k
         r.num_computed_tokens = c
         r.num_output_tokens = plan.outputs0[i] + out
         r.num_output_placeholders = in_flight if async_ else 0
-        # tokens in flight: the prompt while the step computing it is (its first output not yet out), + decodes
-        r.inflight_tokens = in_flight + (ft[i] - 1 if out == 0 and s0[i] else 0)
+        r.inflight_tokens = inflight_tokens
         if cu[i]:
-            if s0[i] and sched == 1:  # registered by the admission: the prompt's full blocks
-                r.num_cached_blocks = c // bs
-            else:
-                r.num_cached_blocks = (c - 1) // bs if async_ else c // bs
+            # full blocks registered by the last schedule: min(C, num_tokens at that schedule) // block_size
+            r.num_cached_blocks = c // bs if prefilling or not async_ else (c - 1) // bs
         if out:
             r.last_token_time = ends_list[last]
 
@@ -1351,6 +1447,9 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
             elif kind == 2:
                 _admit_planned(inst, plan, i, j, n_out)
                 cur = usable - len(pool.free_queue)
+            elif kind == 3:
+                _rest_planned(inst, plan, i, j, n_out)
+                cur = usable - len(pool.free_queue)
             else:
                 kv.register_full_blocks(r, (plan.computed0[i] + j + 1) // bs if not async_ else (plan.computed0[i] + j) // bs)
             ev_pos += 1
@@ -1384,7 +1483,7 @@ def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
     else:
         waiting.remove(r)
     gate = inst.config.scheduler_reserve_full_isl  # as allocate_waiting passes it (a check only: it holds)
-    if not inst.kv.allocate_slots(r, plan.first_tokens[i], full_sequence_must_fit=gate):
+    if not inst.kv.allocate_slots(r, plan.chunk0[i], full_sequence_must_fit=gate):
         raise RuntimeError(f"fast-forward: planned admission of request {r.request_id} found no KV blocks")
     inst.admit(r, 0, at)
     inst.num_planned_admissions += 1
@@ -1394,11 +1493,37 @@ def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
         inst.steady = j != plan.admit_after
     if r.first_scheduled_time is None:
         r.first_scheduled_time = at
+    if plan.chunk0[i] == plan.first_tokens[i]:
+        _first_sample(inst, plan, r, j, n_out)
+
+
+def _rest_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
+    """Planned schedule ``j`` computes the rest of participant ``i``'s prompt (chunked at j - 1), in the running
+    phase as ``KVCacheManager.allocate_running`` allocates it: the blocks of its whole prompt; its first sample
+    comes at the end of that step (:func:`_first_sample`).
+
+    Raises:
+        RuntimeError: its blocks could not be allocated (the plan's KV accounting is wrong).
+    """
+    r = plan.reqs[i]
+    kv = inst.kv
+    need = -(-plan.first_tokens[i] // kv.block_size) - len(r.blocks)
+    if need > len(kv.pool.free_queue):
+        raise RuntimeError(f"fast-forward: planned prefill chunk of request {r.request_id} found no KV blocks")
+    if need > 0:
+        r.blocks.extend(kv.pool.get_new_blocks(need))
+    _first_sample(inst, plan, r, j, n_out)
+
+
+def _first_sample(inst, plan: Plan, r, j: int, n_out: int) -> None:
+    """Request ``r``'s sample at the end of the step of planned schedule ``j`` (its prompt's last), if that step
+    is among the ``n_out`` applied (else the step is left in flight and gives it as any step does): its first
+    token, or for a request resumed after a preemption its next, an ITL sample from its previous one."""
     q = j + 1 if plan.async_ else j
     if q < n_out:
         if r.first_token_time is None:
             record_first_token(r, plan.ends_list[q])
-        else:  # a request resumed after a preemption: its next token, an ITL sample from its previous one
+        else:
             inst.itl.add(plan.ends_list[q] - r.last_token_time)
 
 
@@ -1484,7 +1609,7 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
             waits -= np.searchsorted(adm, np.arange(q, q1), "right")
     else:
         waits = nw
-    prefill = batch = None
+    prefill = batch = output = None
     admitted_at = plan.admitted_at
     weights = decodes
     if admitted_at:
@@ -1493,20 +1618,21 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
             decodes = decodes.copy()
             prefill = np.zeros(q1 - q, dtype=np.int64)
             batch = decodes.copy()
-            ft = plan.first_tokens
+            output = decodes.copy()
             for y, lst in inside:
-                for i in lst:
+                for tokens, sampled in lst:
                     batch[y] += 1
-                    if ft[i] > 1:
-                        prefill[y] += ft[i]
+                    output[y] += sampled
+                    if tokens > 1:
+                        prefill[y] += tokens
                     else:
-                        decodes[y] += 1  # a one-token prompt is a decode in the step's shape
+                        decodes[y] += 1  # a one-token prompt (chunk) is a decode in the step's shape
             if not weights.all():  # a step of prompts alone: no ITL sample
                 keep = weights > 0
                 gaps, weights = gaps[keep], weights[keep]
     inst.itl.extend_pairs(gaps, weights)
     steps.extend(st, ds, decodes, np.array(plan.used[q - off:q1 - off], dtype=float), running, waits, prefill,
-                 batch)
+                 batch, output)
     # the steps' durations added one at a time, as the event loop adds them (cumsum is sequential)
     inst.busy_time = float(np.concatenate(([inst.busy_time], ds)).cumsum()[-1])
 
