@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lab.core.kv_cache import unique_content
 from lab.core.request import Request, RequestStatus
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
 from policies.common import (allocate_or_preempt, allocate_waiting, is_running, lookup, next_waiting,
@@ -71,6 +72,53 @@ class SarathiScheduler(SchedulerBase):
         if need is None:
             return False
         return need > num_free_blocks - int(self.options.watermark * engine.kv.pool.num_gpu_blocks)
+
+    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
+                     num_free_blocks: int, num_waiting: int = 1) -> bool:
+        """Pass 3's decision on the waiting head ``request`` for a schedule whose passes 1-2 scheduled
+        ``num_scheduled_tokens`` tokens (see :meth:`SchedulerBase.admits_whole`): admitted whole when a
+        ``max_num_seqs`` slot is free, its prompt fits the budget left and its blocks the free blocks less the
+        watermark; False (cannot tell) for a request holding computed state, prefix hits that may change, or a
+        subclass with a schedule of its own."""
+        n = self._admission(engine, request, num_running, num_scheduled_tokens, num_free_blocks)
+        return n is not None and n == request.num_tokens
+
+    def admits_chunk(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
+                     num_free_blocks: int, num_waiting: int) -> tuple[int, int] | None:
+        """Pass 3's first chunk for the waiting head ``request`` when its prompt does not fit the budget left (see
+        :meth:`SchedulerBase.admits_chunk`): the budget left, its admission reserving the blocks of its whole
+        prompt."""
+        n = self._admission(engine, request, num_running, num_scheduled_tokens, num_free_blocks)
+        return (n, request.num_tokens) if n is not None and n < request.num_tokens else None
+
+    def _admission(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
+                   num_free_blocks: int) -> int | None:
+        """The tokens pass 3 computes for ``request`` when it admits it (blocks for its whole prompt, no prefix
+        hit), or None when it would not or the answer depends on hits."""
+        if type(self).schedule is not SarathiScheduler.schedule:
+            return None
+        kv = engine.kv
+        budget = self.options.chunk_size - num_scheduled_tokens
+        if num_running >= engine.config.max_num_seqs or budget <= 0 or request.num_computed_tokens:
+            return None
+        if kv.enable_prefix_caching and (not unique_content(request) or request.prev_blocks is not None):
+            return None
+        need = kv.blocks_to_admit(request, request.num_tokens)
+        if need is None or need > num_free_blocks - int(self.options.watermark * kv.pool.num_gpu_blocks):
+            return None
+        return min(request.num_tokens, budget)
+
+    def running_chunk(self, engine: EngineView, request: Request, num_computed_tokens: int,
+                      num_scheduled_tokens: int) -> int | None:
+        """Pass 2's chunk for ``request``, part-way through its prompt (see :meth:`SchedulerBase.running_chunk`):
+        what is left of it, cut to the budget left and the model length (its blocks were reserved at admission);
+        None when the budget is spent."""
+        if type(self).schedule is not SarathiScheduler.schedule:
+            return None
+        budget = self.options.chunk_size - num_scheduled_tokens
+        n = min(request.num_tokens - num_computed_tokens, budget,
+                engine.config.max_model_len - 1 - num_computed_tokens)
+        return n if n > 0 else None
 
     def schedule(self, engine: EngineView) -> SchedulerOutput:
         cfg = engine.config

@@ -239,11 +239,12 @@ class VLLMV1Scheduler(SchedulerBase):
         return need <= num_free_blocks - reserve
 
     def admits_chunk(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
-                     num_free_blocks: int, num_waiting: int) -> int | None:
+                     num_free_blocks: int, num_waiting: int) -> tuple[int, int] | None:
         """:meth:`schedule_waiting`'s first chunk for the waiting head ``request`` when its whole prompt does not
         fit the budget left (see :meth:`SchedulerBase.admits_chunk`): with chunked prefill, the budget left, when
         it is below the prompt, the long-prefill threshold does not cut the prompt first, and its blocks fit the
-        free blocks less the watermark; None in the cases :meth:`admits_whole` cannot tell about."""
+        free blocks less the watermark (the chunk's blocks only); None in the cases :meth:`admits_whole` cannot
+        tell about."""
         cls = type(self)
         if cls.schedule_waiting is not VLLMV1Scheduler.schedule_waiting or cls.schedule is not VLLMV1Scheduler.schedule:
             return None
@@ -266,22 +267,22 @@ class VLLMV1Scheduler(SchedulerBase):
         if need is None:
             return None
         reserve = int(cfg.watermark * kv.pool.num_gpu_blocks) if cfg.watermark and num_running else 0
-        return budget if need <= num_free_blocks - reserve else None
+        return (budget, budget) if need <= num_free_blocks - reserve else None
 
-    def finishes_prefill(self, engine: EngineView, request: Request, num_tokens_left: int,
-                         num_scheduled_tokens: int) -> bool:
+    def running_chunk(self, engine: EngineView, request: Request, num_computed_tokens: int,
+                      num_scheduled_tokens: int) -> int | None:
         """:meth:`_plan_running`'s tokens for ``request``, part-way through its prompt (see
-        :meth:`SchedulerBase.finishes_prefill`): all that are left when they fit the budget left, the long-prefill
-        threshold (taken as in force: it may be lifted only when nothing else runs or waits) and the model
-        length."""
+        :meth:`SchedulerBase.running_chunk`): what is left of it, cut to the budget left; None under a long-prefill
+        threshold (in force or not depends on the queue) or past the model length."""
         cls = type(self)
         if cls.schedule_running is not VLLMV1Scheduler.schedule_running or cls.schedule is not VLLMV1Scheduler.schedule:
-            return False
+            return None
         cfg = engine.config
-        threshold = cfg.long_prefill_token_threshold
-        if 0 < threshold < num_tokens_left or num_tokens_left > cfg.max_num_batched_tokens - num_scheduled_tokens:
-            return False
-        return request.num_tokens < cfg.max_model_len
+        budget = cfg.max_num_batched_tokens - num_scheduled_tokens
+        n = request.num_tokens - num_computed_tokens
+        if cfg.long_prefill_token_threshold or budget <= 0 or request.num_tokens >= cfg.max_model_len:
+            return None
+        return n if n < budget else budget
 
     def schedule_waiting(self, engine: EngineView, out: SchedulerOutput, budget: int, threshold: int) -> int:
         """Phase 2: admit waiting requests in queue order; stops at the first that does not fit."""

@@ -237,10 +237,10 @@ class Scheduler(Protocol):
                      num_free_blocks: int, num_waiting: int = 1) -> bool: ...
 
     def admits_chunk(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
-                     num_free_blocks: int, num_waiting: int) -> int | None: ...
+                     num_free_blocks: int, num_waiting: int) -> tuple[int, int] | None: ...
 
-    def finishes_prefill(self, engine: EngineView, request: Request, num_tokens_left: int,
-                         num_scheduled_tokens: int) -> bool: ...
+    def running_chunk(self, engine: EngineView, request: Request, num_computed_tokens: int,
+                      num_scheduled_tokens: int) -> int | None: ...
 
 
 class SchedulerBase:
@@ -274,8 +274,8 @@ class SchedulerBase:
       tell, so a jump with requests waiting ends at its first completion).
     - :meth:`admits_whole`: its admission rule for a fast-forward jump through an arrival or the waiting queue's
       head (default: cannot tell, so a jump ends at the next arrival, or at the completion that may admit).
-    - :meth:`admits_chunk`, :meth:`finishes_prefill`: its rules for a head admitted with a first chunk of its
-      prompt and the rest in the next schedule (default: cannot tell, so the jump ends before such a head).
+    - :meth:`admits_chunk`, :meth:`running_chunk`: its rules for a head admitted with a first chunk of its
+      prompt and the next chunks in the schedules after (default: cannot tell, so a jump ends before such a head).
     """
 
     name = "scheduler"
@@ -320,19 +320,21 @@ class SchedulerBase:
         return False
 
     def admits_chunk(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
-                     num_free_blocks: int, num_waiting: int) -> int | None:
-        """The tokens of ``request``'s prompt a schedule made during a stretch of pure decodes computes when it
-        admits it with a first chunk (its whole prompt does not fit the budget left: chunked prefill), the
-        arguments as for :meth:`admits_whole`; None when it would not, or the policy cannot tell. A fast-forward
-        jump then plans the rest of the prompt in the next schedule (:meth:`finishes_prefill`). Default: None."""
+                     num_free_blocks: int, num_waiting: int) -> tuple[int, int] | None:
+        """When a schedule made during a stretch of pure decodes admits ``request`` with a first chunk of its
+        prompt (the whole does not fit the budget left: chunked prefill), the arguments as for
+        :meth:`admits_whole`: (tokens it computes now, tokens whose KV blocks the admission allocates: the chunk,
+        or the whole prompt for a policy that reserves it); None when it would not, or the policy cannot tell. A
+        fast-forward jump then plans the prompt's next chunks with :meth:`running_chunk`. Default: None."""
         return None
 
-    def finishes_prefill(self, engine: EngineView, request: Request, num_tokens_left: int,
-                         num_scheduled_tokens: int) -> bool:
-        """Whether a schedule's running phase gives ``request`` (running, last in the running list, with
-        ``num_tokens_left`` tokens of its prompt to compute) all of them, after ``num_scheduled_tokens`` tokens of
-        the requests before it; answer True only when sure. Default: False."""
-        return False
+    def running_chunk(self, engine: EngineView, request: Request, num_computed_tokens: int,
+                      num_scheduled_tokens: int) -> int | None:
+        """The tokens a schedule's running phase gives ``request`` (running, part-way through its prompt:
+        ``num_computed_tokens`` of ``request.num_tokens`` computed, after every other running request), after
+        ``num_scheduled_tokens`` tokens of the requests scheduled before it; None when it would give none or the
+        policy cannot tell. Default: None."""
+        return None
 
 
 class InstanceView(Protocol):

@@ -79,16 +79,17 @@ class Plan:
 
     With planned admissions (``admissions``: (schedule, position) pairs) the arrivals follow the running requests in
     ``reqs``: participant i takes part in schedules ``s0[i]`` .. ``s0[i] + rem[i] - 1`` and computes
-    ``first_tokens[i]`` tokens before its decodes (its whole prompt; 1 for a running request, ``s0`` = 0):
-    ``chunk0[i]`` of them at its first schedule and, when that is less (a prompt the budget chunks), the rest at
-    the next one, which samples its first token.
+    ``first_tokens[i]`` tokens before its decodes (its whole prompt; 1 for a running request, ``s0`` = 0), in
+    the chunks ``chunks[i]`` of its first schedules (one, or several for a prompt the budget chunks; the last
+    samples its first token); its admission allocates the blocks of ``alloc0[i]`` tokens (its first chunk, or its
+    whole prompt for a policy that reserves it).
     """
 
     __slots__ = ("reqs", "rem", "computed0", "outputs0", "num_schedules", "dts", "ends", "events", "start", "first",
                  "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "earlier", "used", "finish_at",
                  "sizes", "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list",
                  "arrivals", "admit_after", "s0", "first_tokens", "admissions", "stops", "admitted_at", "wait_rows",
-                 "planned", "fin_sorted", "adm_sched", "from_queue", "chunk0")
+                 "planned", "fin_sorted", "adm_sched", "from_queue", "chunks", "alloc0")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -101,7 +102,8 @@ class Plan:
         # planned admissions of arrivals known in advance (_through_arrivals); None / empty without
         self.s0: list[int] | None = None  # per participant, its first planned schedule (0: running at the start)
         self.first_tokens: list[int] | None = None  # tokens it computes before its decodes (1, or its whole prompt)
-        self.chunk0: list[int] | None = None  # of which at its first schedule (less: the rest at the next one)
+        self.chunks: list | None = None  # per participant, the tokens of its prompt at each of its first schedules
+        self.alloc0: list[int] | None = None  # tokens whose blocks its admission allocates
         self.admissions: list[tuple[int, int]] = []  # (schedule, position) of each planned admission
         self.admitted_at: dict[int, list[tuple[int, bool]]] = {}  # executed step -> (prompt tokens, sampled) pairs
         self.wait_rows: dict[int, int] = {}  # executed step -> arrivals waiting in its row
@@ -261,8 +263,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     k = min(k, n_exec)
     if arr is not None and not waiting:
         k = arr.bound(k, len(kv.pool.free_queue), bs)  # (_through_queue stops before a preemption itself)
-    elif arr is not None and any(j == k or (j + 1 == k and arr.chunk0[i] < arr.first_tokens[i])
-                                 for j, i in arr.admissions):
+    elif arr is not None and any(j == k or j < k < j + len(arr.chunks[i]) for j, i in arr.admissions):
         admit_after = k - 1  # the jump ends before an admission (or a prompt's rest) it planned: a real schedule
     if k < 2:
         return None
@@ -275,7 +276,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
         p.reqs += arr.reqs
         rem, computed0, fin = arr.rem, arr.c0, arr.fin
         outputs0 = outputs0 + [r.num_output_tokens for r in arr.reqs]  # (a resumed request's, from before)
-        p.s0, p.first_tokens, p.chunk0 = arr.s0, arr.first_tokens, arr.chunk0
+        p.s0, p.first_tokens, p.chunks, p.alloc0 = arr.s0, arr.first_tokens, arr.chunks, arr.alloc0
         p.admissions = arr.admissions
         p.planned = {id(r) for r in arr.reqs}
         p.from_queue = waiting
@@ -468,7 +469,7 @@ class _Arrivals:
     schedules; ``hint``, the time of the first arrival it does not admit (inf if none)."""
 
     __slots__ = ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst", "reqs", "admissions", "dts",
-                 "counts", "ends", "hint", "n_run", "admit_after", "chunk0")
+                 "counts", "ends", "hint", "n_run", "admit_after", "chunks", "alloc0")
 
     def taken_by(self, alive: list[int], m: int, bs: int) -> int:
         """KV blocks the participants ``alive`` take in schedules 0..m-1: each its prompt's at its admission,
@@ -532,7 +533,7 @@ class _Arrivals:
         while adm and adm[-1][0] >= k:
             adm.pop()
         n = self.n_run + len(adm)
-        for name in ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst", "chunk0"):
+        for name in ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst", "chunks", "alloc0"):
             del getattr(self, name)[n:]
         del self.reqs[len(adm):]
         return bool(adm)
@@ -615,33 +616,43 @@ def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fi
     j = after + 1
     decoders, avail = ad.at_schedule(a, j)
     walk = _QueueWalk(inst, a, ad, j, decoders, avail, pad_table)
+    _walk_queue(inst, a, ad, walk, j, cap, stop_time)
+    walk.close()
+    return a
+
+
+def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, cap: int, stop_time: float) -> None:
+    """:func:`_through_queue`'s walk from check point ``j`` (the schedule after a completion or an admission)
+    until the first schedule that is not certain; it sets ``a.admit_after``."""
     waiting = inst.waiting
     heads = waiting.first(_QUEUE_HEADS)
     m = 0  # heads admitted
     while True:
-        # check point j: the schedule after a completion or an admission; the walk's state is schedule j's
+        # check point j; the walk's state is schedule j's (its decodes' blocks taken)
         if j >= cap or a.ends[j - 1] >= stop_time or walk.avail < 0:
-            return a  # (a negative margin: schedule j preempts)
+            return  # (a negative margin: schedule j preempts)
         if m + _QUEUE_HEADS // 2 >= len(heads):
             heads = waiting.first(4 * len(heads))
-        rest = walk.rest(j)  # a prompt chunked at j - 1: its rest, in the running phase
+        rest = walk.rest(j)  # a chunk of a prompt part-way done, in the running phase
         if rest is False:
-            return a
+            return
         scheduled = walk.num_decodes + (rest[1] if rest else 0)
-        free = walk.avail - (walk.rest_blocks() if rest else 0)
+        free = walk.avail - (walk.chunk_blocks(rest[1]) if rest else 0)
         if free < 0:
-            return a  # its rest's blocks would preempt
+            return  # that chunk's blocks would preempt
         got = _heads_admitted(inst, heads, m, len(ad.alive), scheduled, free, len(waiting) - m)
         if got is None:
-            return a
+            return
         taken, last_chunk = got
+        if last_chunk is not None and rest and rest[1] < a.first_tokens[rest[0]] - rest[2]:
+            return  # two prompts part-way done
         if taken or rest:
-            decoding = [i for i in ad.alive if ad.d0[i] <= j < a.s0[i] + a.rem[i]]
+            decoding = [i for i in ad.alive if ad.d0[i] <= j < a.s0[i] + a.rem[i] and i != walk.pending]
             first = len(a.c0)
             if not ad.admit(a, heads[m:m + taken], j, a.ends[j - 1], decoding, last_chunk, rest or None):
-                return a
+                return
             if rest:
-                walk.rest_done()
+                walk.chunk_done(rest[1])
             walk.joined(range(first, len(a.c0)))
             m += taken
             after = j  # the next schedule has the whole budget again: it is checked as one after a completion
@@ -649,7 +660,7 @@ def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fi
             after = ad.next_completion()
             if after is None or not walk.decodes(j, min(after, cap - 1)) or len(a.dts) != after + 1:
                 a.admit_after = None  # the jump ends inside a stretch whose head was checked
-                return a
+                return
         a.admit_after = after
         j = after + 1
         walk.advance(j)
@@ -694,51 +705,69 @@ class _QueueWalk:
         return (nxt, i) if nxt < top else None
 
     def joined(self, participants) -> None:
-        """Participants admitted at the current schedule: their prompts' blocks now, their decodes from the next
-        (a prompt's first chunk: its blocks now, the rest and its decodes with :meth:`rest_done`)."""
+        """Participants admitted at the current schedule: the blocks their admission allocates now; their decodes
+        from the next schedule, or, for a prompt chunked (the last), once its rest is done (:meth:`chunk_done`)."""
         a = self.a
         for i in participants:
-            if a.chunk0[i] < a.first_tokens[i]:
-                self.avail -= -(-a.chunk0[i] // self.bs)
+            self.avail -= -(-a.alloc0[i] // self.bs)
+            if sum(a.chunks[i]) < a.first_tokens[i]:
                 self.pending = i
             else:
-                self.avail -= a.base[i]
-                self._decoding_from(i, a.s0[i] + 1)
+                self._decoding(i)
 
-    def _decoding_from(self, i: int, s: int) -> None:
-        """Participant i decodes from schedule ``s`` on: its block crossings and its decode end are tracked."""
-        a = self.a
-        crossing = self._track(i, s)
+    def _decoding(self, i: int) -> None:
+        """Participant i's prompt is done (:meth:`_Admitting.finish_prompt`) with its last chunk at the current
+        schedule: it decodes from the next one; its block crossings and decode end are tracked."""
+        a, ad = self.a, self.ad
+        crossing = self._track(i, a.s0[i] + len(a.chunks[i]))
         if crossing is not None:
             heappush(self.crossings, crossing)
         self.num_decodes += 1
-        self.dbase_sum += self.ad.dbase[i]
+        self.dbase_sum += ad.dbase[i]
         self.decoding.add(i)
         heappush(self.stops, (a.s0[i] + a.rem[i], i))
 
     def rest(self, j: int):
-        """At schedule j: None without a prompt chunked at j - 1; else (participant, tokens left, tokens computed)
-        when the scheduler's running phase gives it all its rest after the decodes, or False (it cannot tell)."""
+        """At schedule j: None without a prompt part-way done; else (participant, tokens, tokens computed) of the
+        chunk the scheduler's running phase gives it after the decodes, or False when it cannot tell."""
         i = self.pending
         if i is None:
             return None
         a = self.a
-        left = a.first_tokens[i] - a.chunk0[i]
-        if not self.inst.scheduler.finishes_prefill(self.inst, a.reqs[i - a.n_run], left, self.num_decodes):
+        done = sum(a.chunks[i])
+        n = self.inst.scheduler.running_chunk(self.inst, a.reqs[i - a.n_run], done, self.num_decodes)
+        if n is None or not 0 < n <= a.first_tokens[i] - done:
             return False
-        return i, left, a.chunk0[i]
+        return i, n, done
 
-    def rest_blocks(self) -> int:
-        """The blocks the pending prompt's rest takes."""
-        i = self.pending
-        return self.a.base[i] - -(-self.a.chunk0[i] // self.bs)
+    def chunk_blocks(self, n: int) -> int:
+        """The blocks the pending prompt's next chunk of ``n`` tokens takes (beyond what its admission took)."""
+        i, bs = self.pending, self.bs
+        a = self.a
+        done = sum(a.chunks[i])
+        held = max(a.alloc0[i], done)
+        return max(0, -(-max(held, done + n) // bs) - -(-held // bs))
 
-    def rest_done(self) -> None:
-        """The current schedule computes the pending prompt's rest: its blocks now, its decodes from the next."""
+    def chunk_done(self, n: int) -> None:
+        """The current schedule computes ``n`` more tokens of the pending prompt (its last chunk, or not)."""
         i = self.pending
-        self.avail -= self.rest_blocks()
-        self.pending = None
-        self._decoding_from(i, self.a.s0[i] + 2)
+        self.avail -= self.chunk_blocks(n)
+        a = self.a
+        a.chunks[i].append(n)
+        if sum(a.chunks[i]) == a.first_tokens[i]:
+            self.pending = None
+            self.ad.finish_prompt(a, i)
+            self._decoding(i)
+
+    def close(self) -> None:
+        """The walk ends: a prompt still part-way done is given its rest as one more chunk (beyond the jump's last
+        schedule, so never applied), which completes its participant's schedule."""
+        i = self.pending
+        if i is not None:
+            a = self.a
+            a.chunks[i].append(a.first_tokens[i] - sum(a.chunks[i]))
+            self.pending = None
+            self.ad.finish_prompt(a, i)
 
     def _cross_until(self, s: int) -> int | None:
         """Take the block crossings of schedules up to ``s``; the first schedule that runs out of blocks, or
@@ -831,7 +860,8 @@ def _heads_admitted(inst, heads: list, m: int, num_running: int, num_scheduled_t
                     num_waiting: int) -> tuple[int, int | None] | None:
     """How many of the waiting heads ``heads[m:]`` (service order; ``num_waiting`` wait from ``heads[m]`` on) a
     schedule admits before one it leaves blocked (0: the first stays blocked), by the scheduler's declared rules,
-    and the tokens of the last one's first chunk when the budget chunks its prompt (None: every prompt whole);
+    and, when the budget chunks the last one's prompt, (tokens of its first chunk, tokens whose blocks its
+    admission allocates) (None: every prompt whole);
     None when that is not certain: a head it cannot tell about, or the end of ``heads`` (the next request may
     arrive during the jump). A head preempted before (recompute) is admitted as any other: its whole prompt is
     then its prompt and outputs so far."""
@@ -877,21 +907,22 @@ class _Admitting:
         """The step of the next completion among the participants alive, or None."""
         return self.heap[0][0] if self.heap else None
 
-    def admit(self, a: _Arrivals, reqs: list, j: int, at: float, decoders: list[int], last_chunk: int | None = None,
-              rest: tuple[int, int, int] | None = None) -> bool:
+    def admit(self, a: _Arrivals, reqs: list, j: int, at: float, decoders: list[int],
+              last_chunk: tuple[int, int] | None = None, rest: tuple[int, int, int] | None = None) -> bool:
         """Plan schedule j (made at ``at``) as the decodes of ``decoders``, then ``rest`` (participant, tokens,
-        context: the rest of a prompt chunked the schedule before, in the running phase), then the whole prompts of
-        ``reqs`` (in admission order; the last computes only ``last_chunk`` tokens when given), priced as
-        ``Instance.price_step`` prices it; add each of ``reqs`` as a participant decoding once its prompt is done,
-        until its ``stop_at``. False (nothing added) when under async its CPU work would show."""
+        tokens computed before: a chunk of a prompt part-way done, in the running phase), then the whole prompts of
+        ``reqs`` (in admission order; the last computes only the first chunk ``last_chunk[0]`` when given, its
+        admission allocating the blocks of ``last_chunk[1]`` tokens), priced as ``Instance.price_step`` prices it;
+        add each of ``reqs`` as a participant (its schedules are completed when its prompt is done:
+        ``_QueueWalk``, or here for a whole prompt). False (nothing added) when under async its CPU work would
+        show."""
         inst = self.inst
         opt = inst.options
-        bs = inst.kv.block_size
         async_ = self.async_
         prompts = [r.num_tokens for r in reqs]
         news = list(prompts)
         if last_chunk is not None:
-            news[-1] = last_chunk
+            news[-1] = last_chunk[0]
         contexts = [0] * len(news)
         if rest is not None:
             news.insert(0, rest[1])
@@ -916,28 +947,43 @@ class _Admitting:
         dts_l.append(dt)
         counts_l.append(len(decoders))
         ends.append(ends[-1] + dt)
+        bs = inst.kv.block_size
         for n, (r, prompt) in enumerate(zip(reqs, prompts)):
             chunked = last_chunk is not None and n == len(reqs) - 1
-            k = 2 if chunked else 1  # schedules of its prompt
             left = r.stop_at - r.num_output_tokens  # (a request resumed after a preemption has some already)
             i = len(a.c0)
             a.c0.append(0)
-            a.rem.append(left + k - 1)
+            a.rem.append(left)  # its schedules once its prompt is done (_QueueWalk._finish_prompt)
             a.s0.append(j)
             a.first_tokens.append(prompt)
-            a.chunk0.append(last_chunk if chunked else prompt)
+            a.chunks.append([last_chunk[0]] if chunked else [prompt])
+            a.alloc0.append(last_chunk[1] if chunked else prompt)
             a.held.append(0)
             a.base.append(-(-prompt // bs))
-            a.dfirst.append(j + k + (-prompt) % bs)
-            dbase.append(prompt - j - k)
-            self.d0.append(j + k)
-            f = j + left + k - 2 + off
-            a.fin.append(f)
-            heappush(self.heap, (f, i))
+            a.dfirst.append(0)
+            a.fin.append(0)
+            dbase.append(0)
+            self.d0.append(0)
             self.alive.append(i)
             a.admissions.append((j, i))
             a.reqs.append(r)
+            if not chunked:
+                self.finish_prompt(a, i)
         return True
+
+    def finish_prompt(self, a: _Arrivals, i: int) -> None:
+        """Participant i's prompt is done with the last of its ``chunks`` (at schedule s0 + chunks - 1): set its
+        schedules (``rem``, until its ``stop_at``), completion step, decode contexts and first block crossing."""
+        k = len(a.chunks[i])
+        j = a.s0[i]
+        prompt = a.first_tokens[i]
+        left = a.rem[i]
+        a.rem[i] = left + k - 1
+        a.dfirst[i] = j + k + (-prompt) % self.inst.kv.block_size
+        self.dbase[i] = prompt - j - k
+        self.d0[i] = j + k
+        f = a.fin[i] = j + left + k - 2 + (1 if self.async_ else 0)
+        heappush(self.heap, (f, i))
 
 
 def _admitting(inst, running: list, computed0: list[int], rem: list[int], fin: list[int], dts: np.ndarray,
@@ -950,7 +996,8 @@ def _admitting(inst, running: list, computed0: list[int], rem: list[int], fin: l
     a.n_run = n_run
     a.c0, a.rem, a.fin = list(computed0), list(rem), list(fin)
     a.s0, a.first_tokens, a.base = [0] * n_run, [1] * n_run, [0] * n_run
-    a.chunk0 = [1] * n_run
+    a.chunks = [(1,)] * n_run
+    a.alloc0 = [0] * n_run
     a.held = [len(r.blocks) for r in running]
     a.dfirst = [(-c) % bs for c in computed0]
     a.reqs, a.admissions = [], []
@@ -1201,16 +1248,15 @@ _PAD_TABLES_KEPT = 64  # (sizes, top) pairs cached at most: a cluster's instance
 def _admission_events(p: Plan, n_run: int, k: int, bs: int) -> None:
     """Add the block operations of the planned admissions to ``p.events`` (kind 2: admit the request, allocating
     its prompt's (first chunk's) blocks, after the decodes of that schedule; kind 3: the blocks of a chunked
-    prompt's rest, at the next schedule after the decodes before it; then kind 0 as its decodes cross block
-    boundaries)."""
+    prompt's next chunk, at each next schedule of its prompt, after the decodes before it; then kind 0 as its
+    decodes cross block boundaries)."""
     ev = p.events
-    s0, rem, first_tokens, chunk0 = p.s0, p.rem, p.first_tokens, p.chunk0
+    s0, rem, first_tokens, chunks = p.s0, p.rem, p.first_tokens, p.chunks
     for j, i in p.admissions:
         ev.append((j, i, 2))
-        prompt_schedules = 1
-        if chunk0[i] < first_tokens[i]:
-            ev.append((j + 1, i, 3))
-            prompt_schedules = 2
+        prompt_schedules = len(chunks[i])
+        for t in range(1, prompt_schedules):
+            ev.append((j + t, i, 3))
         top = min(s0[i] + rem[i], k)
         for jd in range(j + prompt_schedules + (-first_tokens[i]) % bs, top, bs):
             ev.append((jd, i, 0))
@@ -1220,19 +1266,18 @@ def _admission_events(p: Plan, n_run: int, k: int, bs: int) -> None:
 def _admission_rows(p: Plan) -> None:
     """For each planned admission at schedule j: the row of step j - 1 (the last before schedule j) counts the
     arrival as waiting (a queue head is counted in ``num_waiting`` already, and leaves it from row j on: see
-    :func:`_rows`), and the row of the step that computes the prompt (j, async j + 1; a chunked prompt's rest
-    the next) has its tokens and whether it samples (``admitted_at``: row -> (tokens, samples) pairs)."""
+    :func:`_rows`), and the row of each step that computes its prompt (j, async j + 1, and the next ones for a
+    chunked prompt) has its tokens and whether it samples (``admitted_at``: row -> (tokens, samples) pairs)."""
     off = 1 if p.async_ else 0
-    ft, ch = p.first_tokens, p.chunk0
+    chunks = p.chunks
     for j, i in p.admissions:
         if not p.from_queue:
             p.wait_rows[j - 1] = p.wait_rows.get(j - 1, 0) + 1
         q = j + off
-        whole = ch[i] == ft[i]
-        if q < p.num_schedules:
-            p.admitted_at.setdefault(q, []).append((ch[i], whole))
-        if not whole and q + 1 < p.num_schedules:
-            p.admitted_at.setdefault(q + 1, []).append((ft[i] - ch[i], True))
+        last = len(chunks[i]) - 1
+        for t, tokens in enumerate(chunks[i]):
+            if q + t < p.num_schedules:
+                p.admitted_at.setdefault(q + t, []).append((tokens, t == last))
 
 
 def _block_events(computed0: list[int], rem: list[int], k: int, bs: int, async_: bool, caching: bool,
@@ -1288,24 +1333,22 @@ def step_for(plan: Plan, j: int) -> ScheduledStep:
 
 def _step_with_admissions(plan: Plan, j: int) -> ScheduledStep:
     """:func:`step_for` in a jump with planned admissions: participant i takes part in schedules s0_i ..
-    s0_i + rem_i - 1, computing ``chunk0[i]`` tokens at the first, the rest of ``first_tokens[i]`` at the second
-    when that is more (its first sample), then one token a schedule."""
+    s0_i + rem_i - 1, computing its prompt's ``chunks[i]`` at the first ones (the last samples its first token),
+    then one token a schedule."""
     reqs = []
     news = []
     before = []
     samples = []
-    s0, rem, ft, ch, c0 = plan.s0, plan.rem, plan.first_tokens, plan.chunk0, plan.computed0
+    s0, rem, ft, chunks, c0 = plan.s0, plan.rem, plan.first_tokens, plan.chunks, plan.computed0
     for i, r in enumerate(plan.reqs):
         done = j - s0[i]
         if 0 <= done < rem[i]:
-            k = 1 if ch[i] == ft[i] else 2  # schedules of its prompt
+            ch = chunks[i]
+            k = len(ch)  # schedules of its prompt
             reqs.append(r)
-            if done == 0:
-                news.append(ch[i])
-                before.append(c0[i])
-            elif done < k:
-                news.append(ft[i] - ch[i])
-                before.append(c0[i] + ch[i])
+            if done < k:
+                news.append(ch[done])
+                before.append(c0[i] + sum(ch[:done]))
             else:
                 news.append(1)
                 before.append(c0[i] + ft[i] + done - k)
@@ -1368,7 +1411,7 @@ def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> No
     ends_list = plan.ends_list
     cu = plan.caching_unique
     bs = plan.block_size
-    s0, rem, ft, ch = plan.s0, plan.rem, plan.first_tokens, plan.chunk0
+    s0, rem, ft, chunks = plan.s0, plan.rem, plan.first_tokens, plan.chunks
     for i in indices:
         m = rem[i]
         sched = n_sched - s0[i]
@@ -1384,18 +1427,19 @@ def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> No
             inflight_tokens = in_flight
             prefilling = False
         else:  # admitted at schedule s0: its first output from step s0 + k - 1 (+ 1 async), then one a step
-            k = 1 if ch[i] == ft[i] else 2
+            ch = chunks[i]
+            k = len(ch)
             first_out = s0[i] + k - 1 + off
             out = n_out - first_out
             out = 0 if out < 0 else (out if out < m - k + 1 else m - k + 1)
             sampling = sched - k + 1  # its schedules so far that sample
             in_flight = (sampling if sampling > 0 else 0) - out
             last = first_out + out - 1
-            c = plan.computed0[i] + (ch[i] if sched < k else ft[i] + sched - k)
+            c = plan.computed0[i] + (sum(ch[:sched]) if sched < k else ft[i] + sched - k)
             done = n_out - s0[i] - off  # its schedules whose steps have completed
             done = 0 if done < 0 else (done if done < sched else sched)
             # tokens in flight: those of its schedules whose steps have not completed
-            inflight_tokens = sum((ch[i] if t == 0 else ft[i] - ch[i] if t < k else 1) for t in range(done, sched))
+            inflight_tokens = sum((ch[t] if t < k else 1) for t in range(done, sched))
             prefilling = sched <= k
         r.num_computed_tokens = c
         r.num_output_tokens = plan.outputs0[i] + out
@@ -1483,7 +1527,8 @@ def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
     else:
         waiting.remove(r)
     gate = inst.config.scheduler_reserve_full_isl  # as allocate_waiting passes it (a check only: it holds)
-    if not inst.kv.allocate_slots(r, plan.chunk0[i], full_sequence_must_fit=gate):
+    chunk = plan.chunks[i][0]
+    if not inst.kv.allocate_slots(r, chunk, full_sequence_must_fit=gate, num_reserved_tokens=plan.alloc0[i] - chunk):
         raise RuntimeError(f"fast-forward: planned admission of request {r.request_id} found no KV blocks")
     inst.admit(r, 0, at)
     inst.num_planned_admissions += 1
@@ -1493,26 +1538,30 @@ def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
         inst.steady = j != plan.admit_after
     if r.first_scheduled_time is None:
         r.first_scheduled_time = at
-    if plan.chunk0[i] == plan.first_tokens[i]:
+    if len(plan.chunks[i]) == 1:
         _first_sample(inst, plan, r, j, n_out)
 
 
 def _rest_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
-    """Planned schedule ``j`` computes the rest of participant ``i``'s prompt (chunked at j - 1), in the running
-    phase as ``KVCacheManager.allocate_running`` allocates it: the blocks of its whole prompt; its first sample
-    comes at the end of that step (:func:`_first_sample`).
+    """Planned schedule ``j`` computes the next chunk of participant ``i``'s prompt, in the running phase as
+    ``KVCacheManager.allocate_running`` allocates it: the blocks its tokens so far need beyond those its admission
+    allocated; the last chunk's step gives its first sample (:func:`_first_sample`).
 
     Raises:
         RuntimeError: its blocks could not be allocated (the plan's KV accounting is wrong).
     """
     r = plan.reqs[i]
     kv = inst.kv
-    need = -(-plan.first_tokens[i] // kv.block_size) - len(r.blocks)
+    t = j - plan.s0[i]  # the chunk's index
+    chunks = plan.chunks[i]
+    done = sum(chunks[:t + 1])
+    need = -(-max(done, plan.alloc0[i]) // kv.block_size) - len(r.blocks)
     if need > len(kv.pool.free_queue):
         raise RuntimeError(f"fast-forward: planned prefill chunk of request {r.request_id} found no KV blocks")
     if need > 0:
         r.blocks.extend(kv.pool.get_new_blocks(need))
-    _first_sample(inst, plan, r, j, n_out)
+    if t == len(chunks) - 1:
+        _first_sample(inst, plan, r, j, n_out)
 
 
 def _first_sample(inst, plan: Plan, r, j: int, n_out: int) -> None:
