@@ -24,6 +24,7 @@ class CostModel(Protocol):
 
     name: str
     uses_decode_range: bool
+    uses_decode_list: bool
 
     def step_time(self, shape: BatchShape) -> float: ...
 
@@ -44,6 +45,9 @@ class CostModelBase:
     name = "cost model"
     # whether decode_times reads decode_max / decode_min (the fast-forward skips them when not)
     uses_decode_range = True
+    # whether step_time reads decodes one by one (BatchShape.decode_context), not only through their count, Σ and
+    # (with uses_decode_range) range: when not, the fast-forward prices planned steps from the aggregates alone
+    uses_decode_list = True
 
     def step_time(self, shape: BatchShape) -> float:  # pragma: no cover - every cost model overrides it
         raise NotImplementedError

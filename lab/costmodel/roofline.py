@@ -217,6 +217,7 @@ class RooflineCostModel(CostModelBase):
         return out
 
     uses_decode_range = False  # decode_times prices Σ contexts and counts only
+    uses_decode_list = False  # so does step_time (_attention: num_decodes, decode_sum)
 
     def decode_times(self, num_decodes: np.ndarray, decode_sum: np.ndarray, decode_max: np.ndarray,
                      decode_min: np.ndarray, padded: np.ndarray) -> np.ndarray:

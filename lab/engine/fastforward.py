@@ -647,9 +647,8 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
         if last_chunk is not None and rest and rest[1] < a.first_tokens[rest[0]] - rest[2]:
             return  # two prompts part-way done
         if taken or rest:
-            decoding = [i for i in ad.alive if ad.d0[i] <= j < a.s0[i] + a.rem[i] and i != walk.pending]
             first = len(a.c0)
-            if not ad.admit(a, heads[m:m + taken], j, a.ends[j - 1], decoding, last_chunk, rest or None):
+            if not ad.admit(a, heads[m:m + taken], j, a.ends[j - 1], walk.decoders(j), last_chunk, rest or None):
                 return
             if rest:
                 walk.chunk_done(rest[1])
@@ -674,7 +673,7 @@ class _QueueWalk:
     ``_Admitting`` heap)."""
 
     __slots__ = ("inst", "a", "ad", "avail", "num_decodes", "dbase_sum", "crossings", "stops", "pad_table", "bs",
-                 "ranged", "decoding", "blocks", "pending")
+                 "ranged", "decoding", "blocks", "pending", "aggregates")
 
     def __init__(self, inst, a: _Arrivals, ad: _Admitting, j: int, decoders: list[int], avail: int,
                  pad_table: np.ndarray) -> None:
@@ -683,6 +682,7 @@ class _QueueWalk:
         self.pad_table = pad_table
         bs = self.bs = inst.kv.block_size
         self.ranged = inst.cost_model.uses_decode_range
+        self.aggregates = not self.ranged and not inst.cost_model.uses_decode_list
         self.decoding = set(decoders)  # kept only for a cost model that reads the context range
         dbase = ad.dbase
         self.num_decodes = len(decoders)
@@ -726,6 +726,15 @@ class _QueueWalk:
         self.dbase_sum += ad.dbase[i]
         self.decoding.add(i)
         heappush(self.stops, (a.s0[i] + a.rem[i], i))
+
+    def decoders(self, j: int) -> list[int] | tuple[int, int]:
+        """The decodes of schedule j for :meth:`_Admitting.admit`: their count and Σ contexts when the cost model
+        reads no more, else the participants decoding, in batch order."""
+        if self.aggregates:
+            return self.num_decodes, self.dbase_sum + self.num_decodes * j
+        ad, a = self.ad, self.a
+        d0, s0, rem = ad.d0, a.s0, a.rem
+        return [i for i in ad.alive if d0[i] <= j < s0[i] + rem[i] and i != self.pending]
 
     def rest(self, j: int):
         """At schedule j: None without a prompt part-way done; else (participant, tokens, tokens computed) of the
@@ -907,9 +916,10 @@ class _Admitting:
         """The step of the next completion among the participants alive, or None."""
         return self.heap[0][0] if self.heap else None
 
-    def admit(self, a: _Arrivals, reqs: list, j: int, at: float, decoders: list[int],
+    def admit(self, a: _Arrivals, reqs: list, j: int, at: float, decoders: list[int] | tuple[int, int],
               last_chunk: tuple[int, int] | None = None, rest: tuple[int, int, int] | None = None) -> bool:
-        """Plan schedule j (made at ``at``) as the decodes of ``decoders``, then ``rest`` (participant, tokens,
+        """Plan schedule j (made at ``at``) as the decodes of ``decoders`` (participants; or their count and Σ
+        contexts, for a cost model that reads only those: ``uses_decode_list``), then ``rest`` (participant, tokens,
         tokens computed before: a chunk of a prompt part-way done, in the running phase), then the whole prompts of
         ``reqs`` (in admission order; the last computes only the first chunk ``last_chunk[0]`` when given, its
         admission allocating the blocks of ``last_chunk[1]`` tokens), priced as ``Instance.price_step`` prices it;
@@ -928,9 +938,14 @@ class _Admitting:
             news.insert(0, rest[1])
             contexts.insert(0, rest[2])
         dbase = self.dbase
-        ctx = [dbase[i] + j for i in decoders]
-        shape = (BatchShape.decodes_and_prefills(ctx, news, contexts) if min(news) > 1
-                 else BatchShape.from_requests([1] * len(ctx) + news, ctx + contexts))
+        if isinstance(decoders, tuple):
+            num_decodes = decoders[0]
+            shape = _aggregate_shape(num_decodes, decoders[1], news, contexts)
+        else:
+            num_decodes = len(decoders)
+            ctx = [dbase[i] + j for i in decoders]
+            shape = (BatchShape.decodes_and_prefills(ctx, news, contexts) if min(news) > 1
+                     else BatchShape.from_requests([1] * len(ctx) + news, ctx + contexts))
         if opt.cudagraph_sizes:
             shape.padded_tokens = padded_size(opt.cudagraph_sizes, shape.num_tokens)
         dt = inst.cost_model.step_time(shape)
@@ -945,7 +960,7 @@ class _Admitting:
         off = 1 if async_ else 0
         del dts_l[j:], counts_l[j:], ends[j + off:]
         dts_l.append(dt)
-        counts_l.append(len(decoders))
+        counts_l.append(num_decodes)
         ends.append(ends[-1] + dt)
         bs = inst.kv.block_size
         for n, (r, prompt) in enumerate(zip(reqs, prompts)):
@@ -984,6 +999,23 @@ class _Admitting:
         self.d0[i] = j + k
         f = a.fin[i] = j + left + k - 2 + (1 if self.async_ else 0)
         heappush(self.heap, (f, i))
+
+
+def _aggregate_shape(num_decodes: int, decode_sum: int, news: list[int], contexts: list[int]) -> BatchShape:
+    """The shape of a step of ``num_decodes`` decodes (Σ contexts ``decode_sum``) and queries of ``news`` new tokens
+    after ``contexts`` (a one-token query is a decode, as :meth:`BatchShape.from_requests` classifies it), for a
+    cost model that reads decodes only through their count and Σ (``uses_decode_list`` and ``uses_decode_range``
+    False): the per-decode list is left empty and the range 0."""
+    prefill_new, prefill_context = [], []
+    for n, c in zip(news, contexts):
+        if n > 1:
+            prefill_new.append(n)
+            prefill_context.append(c)
+        else:
+            num_decodes += 1
+            decode_sum += c
+    return BatchShape(num_decodes + sum(prefill_new), num_decodes + len(prefill_new), prefill_new, prefill_context,
+                      [], num_decodes, decode_sum, 0, 0)
 
 
 def _admitting(inst, running: list, computed0: list[int], rem: list[int], fin: list[int], dts: np.ndarray,
