@@ -59,6 +59,7 @@ TIMED = [
     (fastforward, "_bound", "  fastforward._bound (KV and admission bound)"),
     (fastforward, "_through_arrivals", "  fastforward._through_arrivals (planned admissions)"),
     (fastforward, "_decode_stretch", "    fastforward._decode_stretch (the decodes after an admission)"),
+    (fastforward, "_through_queue", "  fastforward._through_queue (admissions of the queue's heads)"),
     (fastforward, "_block_events", "  fastforward._block_events"),
     (instance.Instance, "schedule_step", "Instance.schedule_step (a real schedule)"),
     (instance.Instance, "price_step", "Instance.price_step (a real step's cost)"),

@@ -1,7 +1,8 @@
 """Exact decode fast-forward: many decode steps advanced in one jump.
 
-A stretch qualifies when every running request is decoding (one token per step), the waiting queue is empty or
-was shown blocked by the last real schedule, and nothing has arrived since. From then on each step schedules the
+A stretch qualifies when every running request is decoding (one token per step) and the waiting queue is empty or
+its head blocked: shown so by the last schedule, or, when something changed since (a completion, a preemption, an
+arrival), by the scheduler's admission rule for the jump's first schedule. From then on each step schedules the
 running requests that still have tokens to generate: request i takes part in the next ``rem_i`` schedules and
 finishes at a known step, so the batch only shrinks, at known steps. Contexts grow by one token per step, so step
 shapes and times are known in advance, and the KV block operations happen in a known order: a new block when a
@@ -21,7 +22,7 @@ free blocks after their allocations) says whether the jump goes on through it; o
 cannot tell) the jump ends right after that completion. An arrival during a jump materialises the steps completed
 by then and the step under way continues normally. ``simulation.fast_forward: false`` turns it off.
 
-The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds two cases, both exact:
+The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds these cases, all exact:
 
 - The schedule that shows the queue blocked may be one that admitted requests or finished a prompt, when the
   policy reports that admission stopped at a request it could not take for KV or ``max_num_seqs``
@@ -32,8 +33,15 @@ The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds two cases
   jump goes on and counts it in the waiting column of the steps ending after it (:func:`absorb_arrival`); an
   arrival that becomes the head, or a queue whose order may change before the jump ends, materialises as before.
   With requests waiting, plans are therefore not cut at the expected next arrival.
-- A real step that completes requests while the head is blocked does not force the next step to be real either:
-  the next plan checks its first schedule with the same admission rule (``Instance.head_unverified``).
+- A real step that did not show the head blocked (it completed requests, preempted, or admitted) does not force
+  the next step to be real either: the next plan checks its first schedule with the same admission rule
+  (``check_head``; ``Instance.steady`` says when it need not).
+- A completion that lets the head in does not end the jump when the scheduler's declared rules say what the
+  schedule after it does (:func:`_through_queue`): it admits heads with their whole prompts
+  (``SchedulerBase.admits_whole``) before one that stays blocked, or the last with a first chunk of its prompt
+  (``admits_chunk``) whose next chunks come in the running phase of the schedules after (``running_chunk``). Each
+  such schedule is planned as the engine prices it, and the next one is checked the same way (the budget is whole
+  again). The jump ends at the first schedule whose decision is not certain, which is then a real one.
 
 With nothing waiting and the instance's arrivals known in advance (``Instance.known_arrivals``: an open-loop stream
 on one instance or behind round robin, no front end), a jump also goes on through arrivals (:func:`_through_arrivals`):
@@ -112,10 +120,11 @@ class Plan:
 
 
 def steady_batch(inst) -> bool:
-    """Whether the instance's state allows a jump now (see the module docstring)."""
+    """Whether the instance's state allows a jump now (see the module docstring; with requests waiting, plan checks
+    the head at the first schedule unless ``Instance.steady``)."""
     running = inst.running
-    if not running or not (inst.steady or inst.head_unverified or not inst.waiting):
-        return False  # with requests waiting, the last real schedule must have shown them blocked
+    if not running:
+        return False
     cfg = inst.config
     B = len(running)
     if B > cfg.max_num_batched_tokens or cfg.num_lookahead_tokens:

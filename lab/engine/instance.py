@@ -163,10 +163,9 @@ class Instance:
         self.cpu_free = 0.0
         # fast-forward state (lab/engine/fastforward.py)
         self.stop_time = float("inf")
+        # the last schedule (real or planned) showed the waiting head blocked and nothing changed since: a jump need
+        # not check its first schedule; otherwise fastforward.plan checks it with the scheduler's admission rule
         self.steady = False
-        # a completion came after the last schedule that showed the waiting head blocked: a jump may still start if
-        # the scheduler says the next schedule leaves it blocked (fastforward.plan checks it at schedule 0)
-        self.head_unverified = False
         self._admitted = 0
         self._plan: ff.Plan | None = None
         self._cont = None
@@ -320,7 +319,7 @@ class Instance:
                 self._note_arrival(request)  # the jump under way admits it (lab/engine/fastforward.py)
                 # no schedule has seen it yet: if the jump is materialised before its admission, the next plan
                 # must not take it for a head shown blocked (as _before_arrival says of any arrival)
-                self.steady = self.head_unverified = False
+                self.steady = False
                 request.status = RequestStatus.WAITING
                 self.waiting.add(request)
                 return
@@ -459,7 +458,7 @@ class Instance:
         """Bring a jump under way up to date for an arrival; True when the arrival falls in the jump's last step
         and is counted there instead."""
         p = self._plan
-        self.steady = self.head_unverified = False
+        self.steady = False
         if p is not None:
             if self.env.now > (p.start if p.num_schedules == 1 else p.ends_list[p.num_schedules - 2]):
                 # It arrives during the jump's last step, whose schedule is already made: nothing before the jump
@@ -584,7 +583,6 @@ class Instance:
             SchedulerContractError: the schedule breaks the scheduler contract (lab/core/sched_api.py).
         """
         self._admitted = 0
-        self.head_unverified = False
         if self.remote_pending:
             self._start_remote_loads()
         try:
@@ -796,7 +794,6 @@ class Instance:
             loaded, self._loaded = self._loaded, []
             self._admit_loaded(loaded)
         if finished:
-            self.head_unverified = self.steady and bool(self.waiting)
             self.steady = False
             self.running = [r for r in self.running if r.status is _RUNNING]
         times = step.stage_times
@@ -856,12 +853,12 @@ class Instance:
         stop = self.stop_time
         if self.waiting:
             stop = min(stop, self.waiting.order_stable_until())  # a jump ends before the waiting order can change
-        check_head = not self.steady  # steady_batch let it through on head_unverified
+        check_head = not self.steady  # the scheduler's rule says whether schedule 0 leaves the waiting head blocked
         p = ff.plan(self, stop, first, check_head)
         if p is None:
             return None
         if check_head:
-            self.steady, self.head_unverified = True, False  # every schedule of the jump leaves the head blocked
+            self.steady = True  # every schedule of the jump leaves the head blocked
         return p, first
 
     def _jump(self, p: ff.Plan, first: ScheduledStep | None):
