@@ -139,8 +139,9 @@ def steady_batch(inst) -> bool:
 
 def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool = False) -> Plan | None:
     """Plan a jump from now, or return None when fewer than two steps qualify. ``first``: under async scheduling,
-    the step in flight (it executes as the jump's step 0). ``check_head``: a completion came after the last
-    schedule that showed the waiting head blocked, so schedule 0 must be checked to leave it blocked too."""
+    the step in flight (it executes as the jump's step 0). ``check_head``: something changed since the last
+    schedule that showed the waiting head blocked (a completion, a preemption, an arrival, or no such schedule),
+    so schedule 0 must be checked to leave it blocked too."""
     env_now = inst.now
     running = inst.running
     kv = inst.kv
@@ -154,6 +155,8 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     else:
         first = None
     waiting = bool(inst.waiting)
+    if check_head and waiting and _head_admitted_at_once(inst, running, async_):
+        return None
     caching = kv.enable_prefix_caching
     computed0 = []
     outputs0 = []
@@ -324,6 +327,19 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     p.block_size = bs
     p.caching_unique = unique if caching else [False] * len(unique)
     return p
+
+
+def _head_admitted_at_once(inst, running: list, async_: bool) -> bool:
+    """Whether schedule 0 of a jump would surely admit the waiting head: the scheduler's rule says it is not
+    blocked even with the fewest free blocks that schedule could leave (each decode taking a block); a cheap test
+    before planning (``_bound`` decides exactly; the rule's answer only grows with the free blocks)."""
+    if async_:  # a request whose last token is in flight sits schedule 0 out
+        num_decodes = sum(1 for r in running if r.stop_at - r.num_output_tokens - r.num_output_placeholders > 0)
+    else:
+        num_decodes = len(running)
+    fewest = len(inst.kv.pool.free_queue) - num_decodes
+    return fewest >= 0 and not inst.scheduler.head_stays_blocked(inst, inst.waiting.peek(), len(running),
+                                                                 num_decodes, fewest)
 
 
 def _decode_cpu(opt, counts):
@@ -617,8 +633,9 @@ def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fi
     would run out of KV blocks (a preemption), at ``cap`` schedules and past ``stop_time``. The walk keeps the
     free blocks, the decoding batch and its Σ contexts up to date event by event (block crossings, decode ends,
     completions), so a schedule costs what changes in it, not the batch size; it prices stretches of decodes with
-    the cost model's steady form and leaves a cost model without one, and CPU work per step, to real schedules.
-    Arrivals during the jump queue behind heads it does not admit (:func:`absorb_arrival`)."""
+    the cost model's steady form (a cost model without one leaves them to real schedules) and adds CPU work as
+    ``Instance.price_step`` does (under async, a schedule whose CPU work would show ends the walk). Arrivals
+    during the jump queue behind heads it does not admit (:func:`absorb_arrival`)."""
     a, ad = _admitting(inst, running, computed0, rem, fin, dts, counts, ends)
     a.hint = float("inf")  # arrivals join the back of the queue: they do not size the jump
     a.admit_after = after
@@ -1479,8 +1496,10 @@ def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> No
             c = plan.computed0[i] + (sum(ch[:sched]) if sched < k else ft[i] + sched - k)
             done = n_out - s0[i] - off  # its schedules whose steps have completed
             done = 0 if done < 0 else (done if done < sched else sched)
-            # tokens in flight: those of its schedules whose steps have not completed
-            inflight_tokens = sum((ch[t] if t < k else 1) for t in range(done, sched))
+            # tokens in flight: those of its schedules whose steps have not completed (its chunks, then decodes)
+            inflight_tokens = sum(ch[done:sched])  # (empty from the k-th on)
+            if sched > k:
+                inflight_tokens += sched - (done if done > k else k)
             prefilling = sched <= k
         r.num_computed_tokens = c
         r.num_output_tokens = plan.outputs0[i] + out
