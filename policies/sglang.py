@@ -49,6 +49,8 @@ class LongestOutputFirstQueue(FixedOrder):
     """Waiting queue ordered by ``max_tokens`` descending (SGLang ``lof``), then priority when the priority
     policy is on, then arrival; a requeued request is simply pushed again. Implements ``WaitingQueue``."""
 
+    arrivals_join_back = False  # an arrival may be served before requests already waiting
+
     def __init__(self, use_priority: bool = False) -> None:
         self._h: list[tuple[tuple, Request]] = []
         self.use_priority = use_priority

@@ -79,6 +79,8 @@ class SJFQueue:
     O(log n) per operation.
     """
 
+    arrivals_join_back = False  # an arrival may be served before requests already waiting
+
     def __init__(self, predictor: LengthPredictor, starvation_s: float | None) -> None:
         self.predictor = predictor
         self.starvation_s = starvation_s

@@ -22,7 +22,9 @@ class WaitingQueue(Protocol):
     ``order_stable_until() -> float`` is the earliest time (seconds) at which the head may differ from the head the
     scheduler last saw with no arrival or pop in between: ``inf`` for FCFS and priority order (:class:`FixedOrder`),
     a finite time for a queue whose order changes with time alone (e.g. starvation promotion). The decode
-    fast-forward ends a jump before it (lab/engine/fastforward.py).
+    fast-forward ends a jump before it (lab/engine/fastforward.py). ``arrivals_join_back``: whether an arrival is
+    always served after every request already waiting (FCFS); only then does a jump plan the admissions of several
+    heads in turn.
     """
 
     def add(self, request: Request) -> None: ...
@@ -36,6 +38,8 @@ class WaitingQueue(Protocol):
     def first(self, n: int) -> list[Request]: ...
     def order_stable_until(self) -> float: ...
 
+    arrivals_join_back: bool  # an arrival is served after everything already waiting (FCFS)
+
 
 class FixedOrder:
     """Mixin of a queue whose order changes only on arrivals and pops."""
@@ -46,6 +50,8 @@ class FixedOrder:
 
 class FCFSQueue(FixedOrder):
     """First come, first served; a preempted request goes back to the head."""
+
+    arrivals_join_back = True
 
     def __init__(self) -> None:
         self._q: deque[Request] = deque()
@@ -81,6 +87,8 @@ class FCFSQueue(FixedOrder):
 
 class PriorityQueue(FixedOrder):
     """Heap on ``(priority, arrival_time, index)``; lower priority values are served first."""
+
+    arrivals_join_back = False
 
     def __init__(self) -> None:
         self._h: list[tuple[int, float, int, Request]] = []

@@ -29,7 +29,8 @@ The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds these cas
   (``SchedulerOutput.waiting_blocked``) and every request samples: the next schedule then only decodes, with
   more budget, no more free blocks and no fewer running requests, so that request stays blocked until a
   completion (``Instance._shows_steady``).
-- An arrival queued behind that blocked head changes no schedule of the jump (only the head is tried), so the
+- An arrival queued behind that blocked head changes no schedule of the jump (only the head is tried, and in a
+  jump through the heads' admissions, FCFS only, the arrival waits behind every head the jump admits), so the
   jump goes on and counts it in the waiting column of the steps ending after it (:func:`absorb_arrival`); an
   arrival that becomes the head, or a queue whose order may change before the jump ends, materialises as before.
   With requests waiting, plans are therefore not cut at the expected next arrival.
@@ -85,7 +86,8 @@ class Plan:
     requests of that step in flight, ``new_first`` get their first token from it and ``earlier`` (positions) had
     their previous token before it started (the others at its start).
 
-    With planned admissions (``admissions``: (schedule, position) pairs) the arrivals follow the running requests in
+    With planned admissions (``admissions``: (schedule, position) pairs: arrivals, or with ``from_queue`` the
+    waiting queue's heads) the admitted requests follow the running requests in
     ``reqs``: participant i takes part in schedules ``s0[i]`` .. ``s0[i] + rem[i] - 1`` and computes
     ``first_tokens[i]`` tokens before its decodes (its whole prompt; 1 for a running request, ``s0`` = 0), in
     the chunks ``chunks[i]`` of its first schedules (one, or several for a prompt the budget chunks; the last
@@ -97,7 +99,7 @@ class Plan:
                  "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "earlier", "used", "finish_at",
                  "sizes", "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list",
                  "arrivals", "admit_after", "s0", "first_tokens", "admissions", "stops", "admitted_at", "wait_rows",
-                 "planned", "fin_sorted", "adm_sched", "from_queue", "chunks", "alloc0")
+                 "planned", "fin_sorted", "adm_sched", "from_queue", "chunks", "alloc0", "busy")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -107,7 +109,8 @@ class Plan:
         self._counts = None
         self.deferred_arrivals = 0  # arrivals during the last planned step (they do not interrupt the jump)
         self.arrivals: list[float] = []  # times of earlier arrivals that left the blocked waiting head in place
-        # planned admissions of arrivals known in advance (_through_arrivals); None / empty without
+        # planned admissions of arrivals known in advance (_through_arrivals) or of the queue's heads
+        # (_through_queue); None / empty without
         self.s0: list[int] | None = None  # per participant, its first planned schedule (0: running at the start)
         self.first_tokens: list[int] | None = None  # tokens it computes before its decodes (1, or its whole prompt)
         self.chunks: list | None = None  # per participant, the tokens of its prompt at each of its first schedules
@@ -117,6 +120,7 @@ class Plan:
         self.wait_rows: dict[int, int] = {}  # executed step -> arrivals waiting in its row
         self.planned: set[int] = set()  # id() of the requests the jump admits
         self.from_queue = False  # they are the waiting queue's heads (_through_queue), not arrivals
+        self.busy: set[int] = set()  # with from_queue: schedules that admit or compute a prompt chunk
 
 
 def steady_batch(inst) -> bool:
@@ -260,7 +264,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
             arr = None
     # A long queue behind a blocked head: the jump may go on through the head's admissions (_through_queue)
     elif (waiting and admit_after is not None and k == admit_after + 1 and not inst.finish_triggers_arrival
-          and not inst.hands_off and _arrivals_allowed(inst, running, caching)):
+          and not inst.hands_off and inst.waiting.arrivals_join_back and _arrivals_allowed(inst, running, caching)):
         arr = _through_queue(inst, running, computed0, rem, fin, dts, counts, ends_list, MAX_JUMP_STEPS, stop_time,
                              pad_table, admit_after)
         if arr.admissions:
@@ -320,6 +324,8 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     p.stops = sorted(finish_at)
     p.fin_sorted = sorted(f for f in fin if f < k)
     p.adm_sched = [j for j, _ in p.admissions]
+    if p.from_queue:
+        p.busy = {j + t for j, i in p.admissions for t in range(len(p.chunks[i]))}
     if p.admissions:
         _admission_rows(p)
     p.admit_after = admit_after
@@ -657,6 +663,8 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
         # check point j; the walk's state is schedule j's (its decodes' blocks taken)
         if j >= cap or a.ends[j - 1] >= stop_time or walk.avail < 0:
             return  # (a negative margin: schedule j preempts)
+        if len(ad.alive) + len(waiting) - m <= 1:
+            return  # whether anything else runs or waits (arrivals may join) can change the admission rule
         if m + _QUEUE_HEADS // 2 >= len(heads):
             heads = waiting.first(4 * len(heads))
         rest = walk.rest(j)  # a chunk of a prompt part-way done, in the running phase
@@ -683,6 +691,11 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
             after = j  # the next schedule has the whole budget again: it is checked as one after a completion
         else:
             after = ad.next_completion()
+            sit_out = walk.next_decode_end()
+            if after is not None and ad.async_ and sit_out is not None and j < sit_out <= min(after, cap - 1):
+                # async: requests whose last token is in flight sit this schedule out, so it has more budget:
+                # it is checked as a schedule after a completion is
+                after = sit_out - 1
             if after is None or not walk.decodes(j, min(after, cap - 1)) or len(a.dts) != after + 1:
                 a.admit_after = None  # the jump ends inside a stretch whose head was checked
                 return
@@ -714,7 +727,7 @@ class _QueueWalk:
         self.num_decodes = len(decoders)
         self.dbase_sum = sum(dbase[i] for i in decoders)
         self.blocks = {}  # participant -> blocks it frees at its completion
-        self.pending = None  # a participant whose prompt's first chunk the last schedule computed
+        self.pending = None  # a participant part-way through its prompt (a chunk of it in the last schedule)
         self.crossings = [c for c in map(self._track, ad.alive, repeat(j + 1)) if c is not None]
         heapify(self.crossings)
         self.stops = [(a.s0[i] + a.rem[i], i) for i in decoders]
@@ -761,6 +774,10 @@ class _QueueWalk:
         ad, a = self.ad, self.a
         d0, s0, rem = ad.d0, a.s0, a.rem
         return [i for i in ad.alive if d0[i] <= j < s0[i] + rem[i] and i != self.pending]
+
+    def next_decode_end(self) -> int | None:
+        """The first schedule without one of the current decodes (a decode's end), or None."""
+        return self.stops[0][0] if self.stops else None
 
     def rest(self, j: int):
         """At schedule j: None without a prompt part-way done; else (participant, tokens, tokens computed) of the
@@ -994,7 +1011,7 @@ class _Admitting:
             left = r.stop_at - r.num_output_tokens  # (a request resumed after a preemption has some already)
             i = len(a.c0)
             a.c0.append(0)
-            a.rem.append(left)  # its schedules once its prompt is done (_QueueWalk._finish_prompt)
+            a.rem.append(left)  # its outputs; its schedules once its prompt is done (finish_prompt)
             a.s0.append(j)
             a.first_tokens.append(prompt)
             a.chunks.append([last_chunk[0]] if chunked else [prompt])
@@ -1200,8 +1217,8 @@ def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin:
     completion the scheduler's :meth:`~lab.core.sched_api.SchedulerBase.head_stays_blocked` decides, from the
     running count, the decodes of the next schedule and its free blocks after their allocations, whether the
     jump goes on. The completion ending the jump is also ``f`` when the jump's length cut it (the next schedule
-    has not been checked). With ``check_head``, schedule 0 is checked the same way first (a completion came
-    after the last schedule that showed the head blocked)."""
+    has not been checked). With ``check_head``, schedule 0 is checked the same way first (something changed since
+    the last schedule that showed the head blocked)."""
     j0s = [(-c) % bs for c in computed0]
 
     if len(rem) < _VECTOR_BOUND_FROM:
@@ -1439,12 +1456,20 @@ def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
         r.num_computed_tokens = c
         r.num_output_tokens = plan.outputs0[i] + out
         r.num_output_placeholders = in_flight if async_ else 0
-        r.inflight_tokens = in_flight
+        r.inflight_tokens = in_flight + _first_step_extra(plan, i, n_out)
         if cu[i]:
             # full blocks registered by the last schedule: min(C, num_tokens at that schedule) // block_size
             r.num_cached_blocks = (c - 1) // bs if async_ else c // bs
         if out:
             r.last_token_time = ends_list[out - 1]
+
+
+def _first_step_extra(plan: Plan, i: int, n_out: int) -> int:
+    """Tokens beyond one that running participant ``i`` computes in the async step in flight at the jump's start
+    (its last prompt chunk there), while that step has not completed (``n_out`` = 0); else 0."""
+    if not plan.async_ or n_out:
+        return 0
+    return plan.first.num_new_tokens[i] - 1
 
 
 def _running_outputs(async_: bool, m: int, sched: int, n_out: int) -> tuple[int, int]:
@@ -1460,7 +1485,7 @@ def _running_outputs(async_: bool, m: int, sched: int, n_out: int) -> tuple[int,
 
 def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
     """:func:`_sync_counters` in a jump with planned admissions: participant i's schedules start at s0_i (its
-    prompt at the first, or in two chunks at the first two) and, for an admitted request, its outputs one step
+    prompt at the first, or in chunks at the first few) and, for an admitted request, its outputs one step
     after each schedule that samples (sync: the same step). A participant whose first schedule is not applied yet
     is left as it is."""
     reqs = plan.reqs
@@ -1482,7 +1507,7 @@ def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> No
             out, in_flight = _running_outputs(async_, m, sched, n_out)
             last = out - 1
             c = plan.computed0[i] + sched
-            inflight_tokens = in_flight
+            inflight_tokens = in_flight + _first_step_extra(plan, i, n_out)
             prefilling = False
         else:  # admitted at schedule s0: its first output from step s0 + k - 1 (+ 1 async), then one a step
             ch = chunks[i]
@@ -1566,12 +1591,18 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
     _rows(inst, plan, q_first, a_o, a_s)
     plan._ev_pos = ev_pos
     plan.applied_sched, plan.applied_out = a_s, a_o
+    if plan.num_waiting and plan.admit_after is not None and a_s > plan.admit_after:
+        inst.steady = False  # the next schedule was not checked: a real one, or a plan that checks it first
+    elif plan.from_queue and a_s in plan.busy:
+        # every other schedule of the jump is a checked pure decode that leaves the head blocked; this one admits
+        # or computes a prompt chunk (a real one if the jump is materialised before it)
+        inst.steady = False
     running = RequestStatus.RUNNING
     _sync_counters(plan, [i for i, r in enumerate(reqs) if r.status == running], n_sched, n_out)
 
 
 def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
-    """Planned schedule ``j`` admits participant ``i`` (an arrival now in the waiting queue) as
+    """Planned schedule ``j`` admits participant ``i`` (an arrival now in the waiting queue, or its head) as
     ``schedule_waiting`` would: its prompt's blocks, then the running list, at the schedule's time. Its first
     token comes at the end of the step that computes the prompt, if that is among the ``n_out`` steps applied
     (else the step is left in flight and gives it as any step does).
@@ -1592,10 +1623,6 @@ def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
         raise RuntimeError(f"fast-forward: planned admission of request {r.request_id} found no KV blocks")
     inst.admit(r, 0, at)
     inst.num_planned_admissions += 1
-    if plan.from_queue:
-        # the schedule shows the request behind it blocked (_through_queue checked it); the next one is checked too,
-        # unless the jump ends with this schedule
-        inst.steady = j != plan.admit_after
     if r.first_scheduled_time is None:
         r.first_scheduled_time = at
     if len(plan.chunks[i]) == 1:
@@ -1762,10 +1789,8 @@ def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
     for i in done:
         inst.complete(plan.reqs[i], end)
     inst.running = [r for r in inst.running if r.status == RequestStatus.RUNNING]
-    if plan.num_waiting and (q == plan.admit_after or (plan.from_queue and q + 1 in plan.adm_sched)):
-        # the schedule after this completion may admit: a real one, unless the jump goes on with it (a planned
-        # admission of the queue's head, which shows the head behind it blocked: _admit_planned)
-        inst.steady = False
+    if plan.num_waiting and q == plan.admit_after:
+        inst.steady = False  # the schedule after this completion may admit: it is a real one
 
 
 def absorb_arrival(plan: Plan, t: float, stable_until: float) -> bool:

@@ -470,8 +470,9 @@ class Instance:
 
     def _blocked_head(self) -> Request | None:
         """The waiting head the last schedule showed blocked (fast-forward steady state with requests waiting), or
-        None. An arrival queued behind it changes no schedule until the next completion, so it need not end a jump
-        nor make the next step a real one (:meth:`_queued_behind`)."""
+        None. An arrival queued behind it changes no schedule of the jump under way (one that only decodes until a
+        completion, or one through the heads' admissions of an FCFS queue, which it joins behind all of them), so
+        it need not end the jump nor make the next step a real one (:meth:`_queued_behind`)."""
         if self._ff and self.steady and self.waiting:
             p = self._plan
             if p is not None and p.admissions and not p.from_queue:
