@@ -34,6 +34,7 @@ def experiment(ff: bool, **over) -> object:
            "enable_prefix_caching": over.pop("caching", True), "vllm_version": over.pop("version", "0.33"),
            "cudagraph": over.pop("cudagraph", True),
            "enable_chunked_prefill": over.pop("chunked", True)}
+    eng.update(over.pop("engine", {}))
     hardware = {"gpu": "H100-SXM5-80GB", "pipeline_parallel_size": over.pop("pp", 1)}
     if "cpu" in over:
         eng["cpu_overhead"] = {"base_s": over.pop("cpu"), "per_seq_s": 1e-5}
@@ -570,3 +571,13 @@ def test_jumps_admit_the_heads_of_a_long_queue_under_sarathi(options):
                        caching=False).instances[0]
     assert inst.num_planned_admissions >= 60
     assert inst.jumped_steps > 0.95 * len(inst.steps)
+
+
+@pytest.mark.parametrize("version", ["0.19", "0.11"])
+def test_a_jump_checks_the_head_where_a_finishing_request_sits_out(version):
+    # Async (0.19): the schedule made while a request's last token is in flight runs one decode fewer, so a head
+    # blocked only by the budget (chunked prefill off: 197 tokens, 200 less 4 decodes) is admitted there, before
+    # the completion; a jump must end before that schedule (it did not: the head came one step late)
+    spec = [(0.0, 20, 30, None), (0.0, 20, 60, None), (0.0, 20, 60, None), (0.0, 20, 60, None), (0.01, 197, 2, None)]
+    assert_same(spec, version=version, mbt=200, seqs=32, blocks=120, caching=False, chunked=False,
+                engine={"max_model_len": 200})

@@ -1269,6 +1269,12 @@ def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin:
         j = first_overflow(a, min(f, k - 1), free + freed) if min(f, k - 1) >= a else None
         if j is not None:
             return j, None
+        if async_ and head is not None and a < f < k:
+            # schedule f runs without the requests whose last token is in flight: one more token of budget each
+            num_decodes = n - bisect_right(fin_sorted, f)
+            avail = free + freed - new_blocks(f + 1)
+            if avail >= 0 and not inst.scheduler.head_stays_blocked(inst, head, n - pos, num_decodes, avail):
+                return f, f - 1
         if f + 1 >= k:
             return k, (f if f < k and head is not None else None)
         while pos < n and fin_sorted[pos] == f:  # completions at the output of step f free their blocks
