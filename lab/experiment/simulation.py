@@ -24,9 +24,7 @@ from lab.costmodel.base import CostModel
 from lab.costmodel.hardware import Hardware, load_hardware
 from lab.costmodel.kv_capacity import KVCapacity, bytes_per_block, derive_num_gpu_blocks
 from lab.costmodel import comm
-from lab.costmodel.llmservingsim import LLMServingSimProfileCostModel
 from lab.costmodel.model_arch import ModelArch, load_model, resolve_kv_dtype
-from lab.costmodel.operator import build_operator_cost_model
 from lab.costmodel.parallel import Parallelism
 from lab.costmodel.roofline import Efficiency, RooflineCostModel
 from lab.costmodel.speculative import Drafter
@@ -375,16 +373,21 @@ def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware, tp: int | 
     c = exp.cost_model
     tp = tp or exp.hardware.tensor_parallel_size
     h = exp.hardware
-    if drafter and c.kind == "operator":
-        ep = h.expert_parallel_size if model.is_moe else 1
-        dp = h.data_parallel_size if model.is_moe else 1
-        return build_operator_cost_model(exp, model, hw, Parallelism(tp, 1, ep, dp))
+    # the profiled cost models are imported only by the runs that use them (their tables need pandas: start-up)
+    if c.kind == "operator":
+        from lab.costmodel.operator import build_operator_cost_model  # noqa: PLC0415
+
+        if drafter:
+            ep = h.expert_parallel_size if model.is_moe else 1
+            dp = h.data_parallel_size if model.is_moe else 1
+            return build_operator_cost_model(exp, model, hw, Parallelism(tp, 1, ep, dp))
+        return build_operator_cost_model(exp, model, hw)
     profiled = not drafter or exp.speculative is None or exp.speculative.method != "draft_model"
     if c.kind == "llmservingsim_profile" and profiled:
+        from lab.costmodel.llmservingsim import LLMServingSimProfileCostModel  # noqa: PLC0415
+
         return LLMServingSimProfileCostModel(exp.path(c.profile_dir, "cost_model.profile_dir"), model, tp=tp,  # type: ignore[arg-type]
                                              link=comm_link(exp, hw, tp), use_skew=c.use_skew)
-    if c.kind == "operator":
-        return build_operator_cost_model(exp, model, hw)
     over = {k: v for k, v in c.efficiency.model_dump().items() if v is not None}
     eff = Efficiency(**over)
     kv_dtype = resolve_kv_dtype(exp.model.dtype, exp.model.kv_cache_dtype)

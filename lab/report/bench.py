@@ -24,8 +24,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import pandas as pd
-
 from lab.experiment.config import load_experiment
 from lab.experiment.simulation import build_requests, simulate
 
@@ -257,6 +255,8 @@ def vidur_trace_as_csv(vidur_trace: str, out_csv: str, max_tokens: int = 4096, t
     Raises:
         ValueError: the file lacks those columns.
     """
+    import pandas as pd  # noqa: PLC0415 - the benchmark worker, which imports this module, does not need it
+
     df = pd.read_csv(vidur_trace)
     need = {"arrived_at", "num_prefill_tokens", "num_decode_tokens"}
     if not need <= set(df.columns):

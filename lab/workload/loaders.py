@@ -27,19 +27,18 @@ and what was expected. A file without requests is an error too.
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import json
 import math
-import warnings
 import zlib
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
-import pandas as pd
 
 from lab.core.request import Request
-from lab.costmodel.profiles import blank_rows
 
 MOONCAKE_BLOCK = 512  # tokens per Mooncake hash_ids entry
 
@@ -67,38 +66,67 @@ def _unreadable(path: Path, e: BaseException) -> WorkloadError:
     return WorkloadError(f"{path}: cannot read the file ({_one_line(e) or type(e).__name__})")
 
 
-def _check_columns(path: Path, df: pd.DataFrame, need: Iterable[str]) -> None:
-    missing = [c for c in need if c not in df.columns]
+class _CsvRows:
+    """A CSV trace's data rows as text, column by column: ``columns`` (the header's names, first of a repeated name
+    kept), ``cells[name]`` (one string per kept row; '' for a field the row lacks) and ``lines`` (each row's line
+    number in the file: the header is line 1, blank lines count)."""
+
+    __slots__ = ("columns", "cells", "lines")
+
+    def __init__(self, columns: list[str], cells: dict[str, list[str]], lines: list[int]) -> None:
+        self.columns = columns
+        self.cells = cells
+        self.lines = lines
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+
+def _check_columns(path: Path, rows: _CsvRows, need: Iterable[str]) -> None:
+    missing = [c for c in need if c not in rows.cells]
     if missing:
-        raise WorkloadError(f"{path}: missing column(s) {missing}; found {list(df.columns)}")
+        raise WorkloadError(f"{path}: missing column(s) {missing}; found {rows.columns}")
 
 
-def _read_csv(path: Path, need: Iterable[str] = ()) -> pd.DataFrame:
-    """Read a CSV trace with at least one data row and the columns ``need``. Blank lines are skipped but still
-    counted, so ``df.index + 2`` is each row's line number.
+def _read_csv(path: Path, need: Iterable[str] = ()) -> _CsvRows:
+    """Read a CSV trace (the standard library's ``csv`` dialect: commas, double-quoted fields) with at least one
+    data row and the columns ``need``. Blank lines are skipped but still counted in the line numbers.
 
     Raises:
         WorkloadError: a missing, empty, non-UTF-8 or corrupt (gzip) file, a row with more fields than the
         header, no data rows, or a missing column.
     """
-    _need_file(path)
     try:
-        with warnings.catch_warnings():  # a first data row with an extra field: a warning, made an error
-            warnings.simplefilter("error", pd.errors.ParserWarning)
-            df = pd.read_csv(path, skip_blank_lines=False, keep_default_na=False, index_col=False, encoding="utf-8")
-    except pd.errors.EmptyDataError:
-        raise WorkloadError(f"{path}: the file is empty; expected a header row and one row per request") from None
-    except pd.errors.ParserError as e:
-        raise WorkloadError(f"{path}: not a well-formed CSV ({_one_line(e)})") from None
-    except pd.errors.ParserWarning:
-        raise WorkloadError(f"{path}: not a well-formed CSV (line 2 has more fields than the header)") from None
-    except (UnicodeDecodeError, OSError, EOFError, zlib.error) as e:
+        text = _read_bytes(path).decode("utf-8-sig")
+    except UnicodeDecodeError as e:
         raise _unreadable(path, e) from None
-    df = df[~blank_rows(df)]
-    if df.empty:
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        header = next((row for row in reader if any(cell.strip() for cell in row)), None)
+        if header is None:
+            raise WorkloadError(f"{path}: the file is empty; expected a header row and one row per request")
+        names = [name.strip() for name in header]
+        width = len(names)
+        records, lines = [], []
+        for row in reader:
+            if not any(cell.strip() for cell in row):
+                continue
+            if len(row) > width:
+                raise WorkloadError(f"{path}: not a well-formed CSV (line {reader.line_num} has {len(row)} fields, "
+                                    f"the header {width})")
+            records.append(row + [""] * (width - len(row)))
+            lines.append(reader.line_num)
+    except csv.Error as e:
+        raise WorkloadError(f"{path}: not a well-formed CSV (line {reader.line_num}: {_one_line(e)})") from None
+    if not records:
         raise WorkloadError(f"{path}: no requests (only a header row)")
-    _check_columns(path, df, need)
-    return df
+    columns = list(zip(*records))
+    cells: dict[str, list[str]] = {}
+    for name, column in zip(names, columns):
+        cells.setdefault(name, list(column))
+    rows = _CsvRows(list(cells), cells, lines)
+    _check_columns(path, rows, need)
+    return rows
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -178,30 +206,40 @@ def _read_json(path: Path) -> object:
 
 
 # ------------------------------------------------------------------------------------------------ CSV values
-def _as_written(v):
-    """A cell value for an error message: numpy scalars as plain Python numbers."""
-    return v.item() if hasattr(v, "item") else v
+def _as_written(cell: str) -> str:
+    """A cell for an error message: a number as written (12.5, nan), anything else quoted ('abc', '')."""
+    try:
+        float(cell)
+    except ValueError:
+        return repr(cell)
+    return cell.strip()
 
 
-def _numbers(path: Path, df: pd.DataFrame, column: str, need: str, ok) -> np.ndarray:
-    """``column`` as floats, every value passing ``ok(array) -> mask``; booleans are not numbers.
+def _float_or_nan(cell: str) -> float:
+    try:
+        return float(cell)
+    except ValueError:
+        return math.nan
+
+
+def _numbers(path: Path, rows: _CsvRows, column: str, need: str, ok) -> np.ndarray:
+    """``column`` as floats, every value passing ``ok(array) -> mask`` (text, booleans and empty cells are not
+    numbers).
 
     Raises:
         WorkloadError: the first offending row (its line number), with its value as written in the file.
     """
-    col = df[column]
-    arr = (np.full(len(col), np.nan) if pd.api.types.is_bool_dtype(col)
-           else pd.to_numeric(col, errors="coerce").to_numpy(dtype=float))
+    cells = rows.cells[column]
+    arr = np.array([_float_or_nan(c) for c in cells], dtype=float)
     with np.errstate(invalid="ignore"):
         bad = np.flatnonzero(~(np.isfinite(arr) & ok(arr)))
     if len(bad):
         i = int(bad[0])
-        raise WorkloadError(f"{path}: row {df.index[i] + 2}: {column} must be {need}, got "
-                            f"{_as_written(col.iloc[i])!r}")
+        raise WorkloadError(f"{path}: row {rows.lines[i]}: {column} must be {need}, got {_as_written(cells[i])}")
     return arr
 
 
-def _int_column(path: Path, df: pd.DataFrame, column: str, minimum: int | None = None) -> np.ndarray:
+def _int_column(path: Path, rows: _CsvRows, column: str, minimum: int | None = None) -> np.ndarray:
     """A column of whole numbers (a float such as 100.7 is refused, not truncated).
 
     Raises:
@@ -209,34 +247,33 @@ def _int_column(path: Path, df: pd.DataFrame, column: str, minimum: int | None =
     """
     need = "an integer" + (f" >= {minimum}" if minimum is not None else "")
     low = -np.inf if minimum is None else minimum
-    return _numbers(path, df, column, need, lambda a: (a == np.floor(a)) & (a >= low)).astype(np.int64)
+    return _numbers(path, rows, column, need, lambda a: (a == np.floor(a)) & (a >= low)).astype(np.int64)
 
 
-def _seconds_column(path: Path, df: pd.DataFrame, column: str) -> np.ndarray:
+def _seconds_column(path: Path, rows: _CsvRows, column: str) -> np.ndarray:
     """A column of arrival times: finite numbers >= 0.
 
     Raises:
         WorkloadError: the first offending row (NaN, infinite, negative, not a number).
     """
-    return _numbers(path, df, column, "a number >= 0", lambda a: a >= 0)
+    return _numbers(path, rows, column, "a number >= 0", lambda a: a >= 0)
 
 
-def _id_column(path: Path, df: pd.DataFrame, column: str) -> np.ndarray:
-    """A column of request ids: none missing, each unique.
+def _id_column(path: Path, rows: _CsvRows, column: str) -> list[str]:
+    """A column of request ids (as written, surrounding spaces dropped): none missing, each unique.
 
     Raises:
         WorkloadError: the first empty id, or the first id that repeats an earlier row's.
     """
-    col = df[column]
     seen: dict[str, int] = {}
-    for i, v in enumerate(col):
-        row = int(df.index[i]) + 2
-        if pd.isna(v) or not str(v).strip():
+    ids = [c.strip() for c in rows.cells[column]]
+    for v, row in zip(ids, rows.lines):
+        if not v:
             raise WorkloadError(f"{path}: row {row}: {column} is empty; expected a unique id per request")
-        first = seen.setdefault(str(v), row)
+        first = seen.setdefault(v, row)
         if first != row:
-            raise WorkloadError(f"{path}: row {row}: {column} {str(v)!r} repeats row {first}'s; ids must be unique")
-    return col.astype(str).to_numpy()
+            raise WorkloadError(f"{path}: row {row}: {column} {v!r} repeats row {first}'s; ids must be unique")
+    return ids
 
 
 # ------------------------------------------------------------------------------------------------ JSON values
@@ -312,16 +349,19 @@ def load_azure(path: str | Path) -> list[Request]:
         WorkloadError: a bad file, column or value (see the module docstring).
     """
     path = Path(path)
-    df = _read_csv(path, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
-    ts = pd.to_datetime(df["TIMESTAMP"], format="mixed", errors="coerce")
+    rows = _read_csv(path, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
+    import pandas as pd  # noqa: PLC0415 - only this format's time stamps need it (start-up of other runs)
+
+    stamps = rows.cells["TIMESTAMP"]
+    ts = pd.to_datetime(pd.Series(stamps, dtype=object), format="mixed", errors="coerce")
     bad = np.flatnonzero(ts.isna().to_numpy())
     if len(bad):
         i = int(bad[0])
-        raise WorkloadError(f"{path}: row {df.index[i] + 2}: TIMESTAMP must be a date-time like "
-                            f"2023-11-16 18:15:46.6805900, got {_as_written(df['TIMESTAMP'].iloc[i])!r}")
+        raise WorkloadError(f"{path}: row {rows.lines[i]}: TIMESTAMP must be a date-time like "
+                            f"2023-11-16 18:15:46.6805900, got {stamps[i]!r}")
     t = (ts - ts.min()).dt.total_seconds().to_numpy()
-    prompt = _int_column(path, df, "ContextTokens", 1)
-    output = _int_column(path, df, "GeneratedTokens", 1)
+    prompt = _int_column(path, rows, "ContextTokens", 1)
+    output = _int_column(path, rows, "GeneratedTokens", 1)
     order = np.argsort(t, kind="stable")
     return [Request(int(k), float(t[i]), int(prompt[i]), int(output[i]), request_id=str(i))
             for k, i in enumerate(order)]
@@ -415,16 +455,16 @@ def load_csv(path: str | Path) -> list[Request]:
         WorkloadError: a bad file, column or value (see the module docstring), or a repeated ``request_id``.
     """
     path = Path(path)
-    df = _read_csv(path, ["arrival_time_s", "prompt_tokens", "output_tokens"])
-    t = _seconds_column(path, df, "arrival_time_s")
-    prompt = _int_column(path, df, "prompt_tokens", 1)
-    output = _int_column(path, df, "output_tokens", 1)
-    prio = _int_column(path, df, "priority") if "priority" in df.columns else np.zeros(len(df), dtype=int)
-    ids = _id_column(path, df, "request_id") if "request_id" in df.columns else None
-    sessions = ([None if pd.isna(s) or not str(s).strip() else str(s) for s in df["session_id"]]
-                if "session_id" in df.columns else None)
-    acceptance = (_numbers(path, df, "acceptance_rate", "a probability in [0, 1]", lambda a: (a >= 0) & (a <= 1))
-                  if "acceptance_rate" in df.columns else None)
+    rows = _read_csv(path, ["arrival_time_s", "prompt_tokens", "output_tokens"])
+    t = _seconds_column(path, rows, "arrival_time_s")
+    prompt = _int_column(path, rows, "prompt_tokens", 1)
+    output = _int_column(path, rows, "output_tokens", 1)
+    cells = rows.cells
+    prio = _int_column(path, rows, "priority") if "priority" in cells else np.zeros(len(rows), dtype=int)
+    ids = _id_column(path, rows, "request_id") if "request_id" in cells else None
+    sessions = [s.strip() or None for s in cells["session_id"]] if "session_id" in cells else None
+    acceptance = (_numbers(path, rows, "acceptance_rate", "a probability in [0, 1]", lambda a: (a >= 0) & (a <= 1))
+                  if "acceptance_rate" in cells else None)
     order = np.argsort(t, kind="stable")
     reqs = [Request(k, float(t[i]), int(prompt[i]), int(output[i]), priority=int(prio[i]),
                     request_id=str(ids[i]) if ids is not None else str(i),
@@ -549,11 +589,11 @@ def override_arrivals(requests: list[Request], path: str | Path, column: str) ->
         the row), or a row count that differs from the trace.
     """
     path = Path(path)
-    df = _read_csv(path, [column])
-    t = _seconds_column(path, df, column)
+    rows = _read_csv(path, [column])
+    t = _seconds_column(path, rows, column)
     by_trace_order = sorted(requests, key=_trace_position)
-    if len(df) != len(requests):
-        raise WorkloadError(f"{path}: {len(df)} rows but the trace has {len(requests)} requests")
+    if len(rows) != len(requests):
+        raise WorkloadError(f"{path}: {len(rows)} rows but the trace has {len(requests)} requests")
     for r, ti in zip(by_trace_order, t):
         r.arrival_time = float(ti)
     by_trace_order.sort(key=lambda r: (r.arrival_time, r.index))
