@@ -249,14 +249,18 @@ class RooflineCostModel(CostModelBase):
         base = self._token_terms(padded or b, b)["_sum"]
         layers = self.model.num_layers
         pair_decode, flops, kv_bytes, bandwidth, launch = self._decode_roof()
-        out = []
-        ctx = decode_sum + b
-        for _ in range(num_steps):  # _decode_attention inlined (a call per step costs as much as numpy)
-            compute = ctx * pair_decode / flops
-            memory = ctx * kv_bytes / bandwidth
-            out.append(base + ((compute if compute >= memory else memory) + launch) * layers)
-            ctx += b
-        return out
+        ctx0 = decode_sum + b  # Σ contexts + decodes at the first step; b more each step
+        ctxs = range(ctx0, ctx0 + b * num_steps, b) if b else [ctx0] * num_steps
+        # _decode_attention inlined (a call per step costs as much as numpy). Both roofs grow in proportion to the
+        # context (>= 1), so one is the larger at every step unless their slopes are within rounding of each other:
+        # otherwise only that one is computed (the value max() would pick, bit for bit).
+        ratio = (pair_decode / flops) / (kv_bytes / bandwidth)
+        if ratio > 1.0 + 1e-9:
+            return [base + (ctx * pair_decode / flops + launch) * layers for ctx in ctxs]
+        if ratio < 1.0 - 1e-9:
+            return [base + (ctx * kv_bytes / bandwidth + launch) * layers for ctx in ctxs]
+        return [base + ((ctx * pair_decode / flops if ctx * pair_decode / flops >= ctx * kv_bytes / bandwidth
+                         else ctx * kv_bytes / bandwidth) + launch) * layers for ctx in ctxs]
 
     def step_time(self, shape: BatchShape) -> float:
         T = shape.num_tokens

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from heapq import heapify, heappop, heappush
-from itertools import accumulate, repeat
+from itertools import accumulate, islice, repeat
 
 import numpy as np
 
@@ -159,7 +159,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     else:
         first = None
     waiting = bool(inst.waiting)
-    if check_head and waiting and _head_admitted_at_once(inst, running, async_):
+    if _cut_at_schedule_zero(inst, running, check_head and waiting):
         return None
     caching = kv.enable_prefix_caching
     computed0 = []
@@ -335,17 +335,28 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     return p
 
 
-def _head_admitted_at_once(inst, running: list, async_: bool) -> bool:
-    """Whether schedule 0 of a jump would surely admit the waiting head: the scheduler's rule says it is not
-    blocked even with the fewest free blocks that schedule could leave (each decode taking a block); a cheap test
-    before planning (``_bound`` decides exactly; the rule's answer only grows with the free blocks)."""
-    if async_:  # a request whose last token is in flight sits schedule 0 out
-        num_decodes = sum(1 for r in running if r.stop_at - r.num_output_tokens - r.num_output_placeholders > 0)
-    else:
-        num_decodes = len(running)
-    fewest = len(inst.kv.pool.free_queue) - num_decodes
-    return fewest >= 0 and not inst.scheduler.head_stays_blocked(inst, inst.waiting.peek(), len(running),
-                                                                 num_decodes, fewest)
+def _cut_at_schedule_zero(inst, running: list, check_head: bool) -> bool:
+    """Whether schedule 0 of a jump already ends it, by the tests :func:`_bound` makes first, in one cheap pass over
+    the batch before the plan's own: it runs out of KV blocks (each decode whose context fills its last block
+    takes one: it preempts), or, with ``check_head``, the scheduler's rule admits the waiting head given the
+    running count, the decodes (under async a request whose last token is in flight sits the schedule out) and the
+    free blocks after their allocations. Without ``check_head`` and with a block free per request, nothing to test.
+    """
+    free = len(inst.kv.pool.free_queue)
+    if not check_head and free >= len(running):
+        return False
+    bs = inst.kv.block_size
+    num_decodes = crossing = 0
+    for r in running:
+        if r.stop_at - r.num_output_tokens - r.num_output_placeholders > 0:
+            num_decodes += 1
+            if not r.num_computed_tokens % bs:
+                crossing += 1
+    avail = free - crossing
+    if avail < 0:
+        return True
+    return check_head and not inst.scheduler.head_stays_blocked(inst, inst.waiting.peek(), len(running),
+                                                                num_decodes, avail)
 
 
 def _decode_cpu(opt, counts):
@@ -590,6 +601,9 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
     a, ad = _admitting(inst, running, computed0, rem, fin, dts, counts, ends)
     ends = a.ends
     eps = _ARRIVAL_MARGIN_S
+    cost = inst.cost_model
+    aggregates = not cost.uses_decode_range and not cost.uses_decode_list
+    dbase = ad.dbase
     m = 0
     while True:
         r = known.peek(m)
@@ -612,6 +626,8 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
         decoders, avail = ad.at_schedule(a, j)
         if avail < 0 or not inst.scheduler.admits_whole(inst, r, len(ad.alive), len(decoders), avail):
             return a
+        if aggregates:  # the decodes' count and Σ contexts are all the cost model reads (_QueueWalk.decoders)
+            decoders = len(decoders), sum([dbase[i] for i in decoders]) + len(decoders) * j
         if not ad.admit(a, [r], j, at, decoders):
             return a
         m += 1
@@ -896,13 +912,16 @@ class _QueueWalk:
             else:
                 times = [d + cpu for d in times]
         end = ends[-1]
-        for t, d in enumerate(times):  # one step at a time, as the event loop adds them
-            if hidden_by is not None and not ends[-2] + hidden_by <= end:
-                a.dts += times[:t]
-                a.counts += [b] * t
-                return False
-            end += d
-            ends.append(end)
+        if hidden_by is None:  # one step at a time, as the event loop adds them
+            ends += islice(accumulate(times, initial=end), 1, None)
+        else:
+            for t, d in enumerate(times):
+                if not ends[-2] + hidden_by <= end:
+                    a.dts += times[:t]
+                    a.counts += [b] * t
+                    return False
+                end += d
+                ends.append(end)
         a.dts += times
         a.counts += [b] * steps
         return True
@@ -1098,19 +1117,20 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
     """Plan the decodes of ``alive`` from schedule ``j_lo`` on (appended to ``a``), in chunks until the next
     arrival (``a.hint``), ``cap`` schedules, the last participant's last schedule or ``stop_time``. False when
     the jump cannot go on after it (no participant left, or under async a schedule whose CPU work would show)."""
-    top = cap
-    last_sched = max(a.s0[i] + a.rem[i] for i in alive)
-    if last_sched < top:
-        top = last_sched
-    if j_lo >= top:
-        return False
     ctx = []
     rem = []
+    s0, rem_all = a.s0, a.rem
+    last_sched = 0
     for i in alive:
-        left = a.s0[i] + a.rem[i] - j_lo
-        if left > 0:
+        top_i = s0[i] + rem_all[i]
+        if top_i > last_sched:
+            last_sched = top_i
+        if top_i > j_lo:
             ctx.append(dbase[i] + j_lo)
-            rem.append(left)
+            rem.append(top_i - j_lo)
+    top = last_sched if last_sched < cap else cap
+    if j_lo >= top:
+        return False
     stretch = _Stretch(ctx, rem, inst.cost_model.uses_decode_range)
     ends = a.ends
     kk = min(top - j_lo, _first_chunk(a))
@@ -1194,11 +1214,8 @@ def _steady_segment(inst, a: _Arrivals, stretch: _Stretch, kk: int, pad_table: n
             elif not (cpu <= (dts[-1] if dts else a.dts[-1]) and (len(times) < 2 or cpu <= min(times[:-1]))):
                 return None
         dts += times
-    end = a.ends[-1]
-    seg = []
-    for d in dts:  # one step at a time, as the event loop adds them
-        end += d
-        seg.append(end)
+    seg = list(accumulate(dts, initial=a.ends[-1]))  # one step at a time, as the event loop adds them
+    del seg[0]
     return counts, dts, seg, True
 
 

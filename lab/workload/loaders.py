@@ -109,12 +109,14 @@ def _read_csv(path: Path, need: Iterable[str] = ()) -> _CsvRows:
         width = len(names)
         records, lines = [], []
         for row in reader:
-            if not any(cell.strip() for cell in row):
-                continue
+            if not (row and row[0].strip()) and not any(cell.strip() for cell in row):
+                continue  # a blank line
             if len(row) > width:
                 raise WorkloadError(f"{path}: not a well-formed CSV (line {reader.line_num} has {len(row)} fields, "
                                     f"the header {width})")
-            records.append(row + [""] * (width - len(row)))
+            if len(row) < width:
+                row += [""] * (width - len(row))
+            records.append(row)
             lines.append(reader.line_num)
     except csv.Error as e:
         raise WorkloadError(f"{path}: not a well-formed CSV (line {reader.line_num}: {_one_line(e)})") from None
@@ -230,7 +232,10 @@ def _numbers(path: Path, rows: _CsvRows, column: str, need: str, ok) -> np.ndarr
         WorkloadError: the first offending row (its line number), with its value as written in the file.
     """
     cells = rows.cells[column]
-    arr = np.array([_float_or_nan(c) for c in cells], dtype=float)
+    try:
+        arr = np.array(cells, dtype=float)  # (float() of each cell, in C)
+    except ValueError:  # some cell is not a number: NaN there, so that the check below names the first
+        arr = np.array([_float_or_nan(c) for c in cells], dtype=float)
     with np.errstate(invalid="ignore"):
         bad = np.flatnonzero(~(np.isfinite(arr) & ok(arr)))
     if len(bad):
