@@ -3,9 +3,12 @@ names the file, the row / line / key and what was expected; `servelab run` turns
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
+import lzma
 import math
+import zipfile
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +28,16 @@ NAMES = {"azure": "azure.csv", "mooncake": "mooncake.jsonl", "llmservingsim": "l
 
 # ------------------------------------------------------------------------------------------------ file builders
 def _put(path: Path, data: str | bytes) -> Path:
-    """Write ``data`` to ``path``: text gzip-compressed when the name ends in .gz, bytes as they are."""
+    """Write ``data`` to ``path``: text compressed as the name says (.gz, .bz2, .xz; for .zip, a zip of two members,
+    for the "one member" check), bytes as they are."""
     if isinstance(data, str):
-        data = gzip.compress(data.encode()) if path.suffix == ".gz" else data.encode()
+        if path.suffix == ".zip":
+            with zipfile.ZipFile(path, "w") as z:
+                z.writestr("a.csv", data)
+                z.writestr("b.csv", data)
+            return path
+        pack = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}.get(path.suffix)
+        data = pack(data.encode()) if pack else data.encode()
     path.write_bytes(data)
     return path
 
@@ -96,6 +106,13 @@ CASES = {
     "csv-row-missing-a-field": ("csv", None, CSV_HEAD + "0,10,5\n1,10\n", ["row 3", "output_tokens"]),
     "csv-row-number-counts-blank-lines": ("csv", None, CSV_HEAD + "0,10,5\n\n1,0,5\n", ["row 4", "prompt_tokens"]),
     "csv-non-utf8": ("csv", None, CSV_HEAD.encode() + b"0,10,5\n1,\xff\xfe,5\n", ["UTF-8", "0xff"]),
+    "csv-unclosed-quote": ("csv", None, CSV_HEAD + "0,10,5\n1,\"2,3\n" + "2,5,5\n" * 50,
+                           ["not a well-formed CSV", "line 3", "unclosed quote"]),
+    "csv-error-in-a-record-spanning-lines": ("csv", None, "arrival_time_s,prompt_tokens,output_tokens,session_id\n"
+                                             "0,10,5,a\n1,x,3,\"multi\nline\"\n", ["row 3", "prompt_tokens", "'x'"]),
+    "csv-huge-integer": ("csv", None, CSV_HEAD + "0,99999999999999999999,5\n", ["row 2", "prompt_tokens", "2**53"]),
+    "csv-corrupt-bzip2": ("csv", "trace.csv.bz2", b"this is not bzip2 at all", ["bzip2"]),
+    "csv-zip-with-two-members": ("csv", "trace.csv.zip", "two", ["zip", "members"]),
     "csv-corrupt-gzip": ("csv", "trace.csv.gz", b"this is not gzip at all", ["gzip"]),
     "csv-truncated-gzip": ("csv", "trace.csv.gz", _truncated_gzip(CSV_HEAD + "0,10,5\n" * 400), ["gzip"]),
     # --- Azure CSV
@@ -361,3 +378,25 @@ def test_servelab_validate_on_a_bad_trace_exits_2_with_one_line(tmp_path):
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and str(bad) in lines[0] and "no requests" in lines[0], res.output
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz", ".zip"])
+def test_compressed_csv_traces_load_as_the_plain_file(tmp_path, suffix):
+    text = CSV_HEAD + "0,10,5\n1.5,12,7\n"
+    plain = loaders.load_csv(_put(tmp_path / "t.csv", text))
+    packed = tmp_path / f"t.csv{suffix}"
+    if suffix == ".zip":
+        with zipfile.ZipFile(packed, "w") as z:
+            z.writestr("t.csv", text)
+    else:
+        _put(packed, text)
+    got = loaders.load_csv(packed)
+    assert [(r.arrival_time, r.prompt_len, r.max_tokens) for r in got] == \
+        [(r.arrival_time, r.prompt_len, r.max_tokens) for r in plain] == [(0.0, 10, 5), (1.5, 12, 7)]
+
+
+def test_csv_rows_keep_their_line_numbers_past_a_quoted_field_spanning_lines(tmp_path):
+    text = ("arrival_time_s,prompt_tokens,output_tokens,session_id\n0,10,5,\"a\nb\"\n\n"
+            "1,10,5,c\n2,0,5,d\n")
+    with pytest.raises(WorkloadError, match="row 6: prompt_tokens"):
+        loaders.load_csv(_put(tmp_path / "t.csv", text))

@@ -27,11 +27,14 @@ and what was expected. A file without requests is an error too.
 
 from __future__ import annotations
 
+import bz2
 import csv
 import gzip
 import io
 import json
+import lzma
 import math
+import zipfile
 import zlib
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -41,6 +44,7 @@ import numpy as np
 from lab.core.request import Request
 
 MOONCAKE_BLOCK = 512  # tokens per Mooncake hash_ids entry
+_EXACT_INT = float(2 ** 53)  # the largest magnitude below which every integer is a float exactly (and fits int64)
 
 
 class WorkloadError(ValueError):
@@ -58,13 +62,32 @@ def _need_file(path: Path) -> None:
 
 
 def _unreadable(path: Path, e: BaseException) -> WorkloadError:
-    """The error for a file that cannot be decompressed or decoded (``e`` from gzip, zlib or the UTF-8 codec)."""
+    """The error for a file that cannot be decompressed or decoded (``e`` from gzip, bz2, lzma, zipfile, zlib or the
+    UTF-8 codec)."""
     if isinstance(e, UnicodeDecodeError):
         return WorkloadError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); expected a UTF-8 trace")
-    if path.suffix == ".gz":
-        return WorkloadError(f"{path}: corrupt or truncated gzip file ({_one_line(e) or type(e).__name__})")
+    kind = _COMPRESSED.get(path.suffix)
+    if kind is not None:
+        return WorkloadError(f"{path}: corrupt or truncated {kind[0]} file ({_one_line(e) or type(e).__name__})")
     return WorkloadError(f"{path}: cannot read the file ({_one_line(e) or type(e).__name__})")
 
+
+def _unzip(data: bytes) -> bytes:
+    """The one member of a zip archive (as pandas reads a zipped CSV).
+
+    Raises:
+        zipfile.BadZipFile: not a zip archive, or one with several members.
+    """
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        names = z.namelist()
+        if len(names) != 1:
+            raise zipfile.BadZipFile(f"{len(names)} members; expected one file")
+        return z.read(names[0])
+
+
+# file name suffix -> (what to call it in an error, how to decompress it)
+_COMPRESSED = {".gz": ("gzip", gzip.decompress), ".bz2": ("bzip2", bz2.decompress), ".xz": ("xz", lzma.decompress),
+               ".zip": ("zip", _unzip)}
 
 class _CsvRows:
     """A CSV trace's data rows as text, column by column: ``columns`` (the header's names, first of a repeated name
@@ -108,18 +131,22 @@ def _read_csv(path: Path, need: Iterable[str] = ()) -> _CsvRows:
         names = [name.strip() for name in header]
         width = len(names)
         records, lines = [], []
+        start = reader.line_num + 1  # the line the next record starts on (a quoted field may span lines)
         for row in reader:
             if not (row and row[0].strip()) and not any(cell.strip() for cell in row):
+                start = reader.line_num + 1
                 continue  # a blank line
             if len(row) > width:
-                raise WorkloadError(f"{path}: not a well-formed CSV (line {reader.line_num} has {len(row)} fields, "
+                raise WorkloadError(f"{path}: not a well-formed CSV (line {start} has {len(row)} fields, "
                                     f"the header {width})")
             if len(row) < width:
                 row += [""] * (width - len(row))
             records.append(row)
-            lines.append(reader.line_num)
+            lines.append(start)
+            start = reader.line_num + 1
     except csv.Error as e:
-        raise WorkloadError(f"{path}: not a well-formed CSV (line {reader.line_num}: {_one_line(e)})") from None
+        raise WorkloadError(f"{path}: not a well-formed CSV (the record from line {start}: {_one_line(e)}; "
+                            f"an unclosed quote?)") from None
     if not records:
         raise WorkloadError(f"{path}: no requests (only a header row)")
     columns = list(zip(*records))
@@ -132,15 +159,17 @@ def _read_csv(path: Path, need: Iterable[str] = ()) -> _CsvRows:
 
 
 def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, decompressed when its name ends in ``.gz``.
+    """The file's bytes, decompressed when its name ends in ``.gz``, ``.bz2``, ``.xz`` or ``.zip`` (one member).
 
     Raises:
-        WorkloadError: missing file, corrupt or truncated gzip.
+        WorkloadError: missing file, corrupt or truncated compressed file.
     """
     _need_file(path)
+    kind = _COMPRESSED.get(path.suffix)
     try:
-        return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError, zlib.error) as e:
+        data = path.read_bytes()
+        return data if kind is None else kind[1](data)
+    except (OSError, EOFError, zlib.error, lzma.LZMAError, zipfile.BadZipFile) as e:
         raise _unreadable(path, e) from None
 
 
@@ -252,7 +281,13 @@ def _int_column(path: Path, rows: _CsvRows, column: str, minimum: int | None = N
     """
     need = "an integer" + (f" >= {minimum}" if minimum is not None else "")
     low = -np.inf if minimum is None else minimum
-    return _numbers(path, rows, column, need, lambda a: (a == np.floor(a)) & (a >= low)).astype(np.int64)
+    arr = _numbers(path, rows, column, need, lambda a: (a == np.floor(a)) & (a >= low))
+    big = np.flatnonzero(np.abs(arr) > _EXACT_INT)
+    if len(big):
+        i = int(big[0])
+        raise WorkloadError(f"{path}: row {rows.lines[i]}: {column} must be at most 2**53 in magnitude, got "
+                            f"{_as_written(rows.cells[column][i])}")
+    return arr.astype(np.int64)
 
 
 def _seconds_column(path: Path, rows: _CsvRows, column: str) -> np.ndarray:
