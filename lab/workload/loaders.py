@@ -14,7 +14,8 @@ Formats (see shared/data/traces/PROVENANCE.md and shared/data/validation/llmserv
 - vLLM bench JSON: an object with the lists ``input_lens``, ``output_lens`` and optional ``request_rate``,
   ``burstiness``.
 
-Any of them may be gzip-compressed (a ``.gz`` name). Text must be UTF-8.
+Any of them may be compressed (a ``.gz``, ``.bz2``, ``.xz`` or one-member ``.zip`` name). Text must be UTF-8. CSV
+files are read with the standard library's ``csv`` module (see docs/workloads.md).
 
 **Unsorted arrivals are accepted and sorted**: a trace's rows need not be in arrival order. Each loader sorts its
 requests by arrival time with a stable sort (requests arriving at the same time keep their file order); request ids
