@@ -57,7 +57,7 @@ jumps against step-by-step simulation too.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from heapq import heapify, heappop, heappush
 from itertools import accumulate, islice, repeat
 
@@ -581,6 +581,85 @@ class _Arrivals:
         return bool(adm)
 
 
+class _DecodeEnds:
+    """The decoding batch of a jump through arrivals, for a cost model that reads decodes only through their count
+    and Σ contexts (:func:`_through_arrivals` with ``aggregates``): participants by the schedule of their last
+    decode + 1 (``s0 + rem``: their end), with each one's context base (its context at schedule j is base + j).
+    Entries before ``lo`` have ended; ``base_sum`` is Σ base of the rest. A schedule's decodes and a stretch's
+    runs of one batch then cost what changes, not the batch size."""
+
+    __slots__ = ("by_end", "lo", "base_sum")
+
+    def __init__(self, ends: list[int], bases: list[int]) -> None:
+        self.by_end = sorted(zip(ends, bases))
+        self.lo = 0
+        self.base_sum = sum(bases)
+
+    def advance(self, j: int) -> int:
+        """Drop the participants whose decodes end before schedule j; return how many decode in it."""
+        by_end, lo = self.by_end, self.lo
+        while lo < len(by_end) and by_end[lo][0] <= j:
+            self.base_sum -= by_end[lo][1]
+            lo += 1
+        self.lo = lo
+        return len(by_end) - lo
+
+    def add(self, end: int, base: int) -> None:
+        """A participant that decodes from the next schedule until ``end`` (exclusive)."""
+        insort(self.by_end, (end, base), lo=self.lo)
+        self.base_sum += base
+
+    def last_end(self) -> int:
+        """The largest end among those left (0 if none)."""
+        return self.by_end[-1][0] if self.lo < len(self.by_end) else 0
+
+    def stretch(self, j_lo: int) -> "_EndsStretch":
+        """The decodes from schedule ``j_lo`` on (after :meth:`advance` to it) as a stretch to price."""
+        return _EndsStretch(self, j_lo)
+
+
+class _EndsStretch:
+    """:class:`_Stretch`'s pricing (``steady_times``; ``times`` through a :class:`_Stretch` built on demand) of the
+    decodes left in a :class:`_DecodeEnds` from schedule ``j_lo`` on: the same runs, the same integer sums."""
+
+    __slots__ = ("ends", "j_lo")
+
+    def __init__(self, ends: _DecodeEnds, j_lo: int) -> None:
+        self.ends = ends
+        self.j_lo = j_lo
+
+    def steady_times(self, cost, kk: int, pad_table: np.ndarray) -> list[tuple[int, list[float]]] | None:
+        """As :meth:`_Stretch.steady_times` for a cost model that reads no context range (0 passed for it)."""
+        ends, j_lo = self.ends, self.j_lo
+        by_end = ends.by_end
+        k = ends.lo
+        b = len(by_end) - k
+        base_sum = ends.base_sum
+        runs = []
+        t0 = 0
+        while t0 < kk:
+            t1 = by_end[k][0] - j_lo
+            if t1 > kk:
+                t1 = kk
+            times = cost.steady_decode_times(b, base_sum + b * (j_lo + t0), 0, 0, int(pad_table[b]), t1 - t0)
+            if times is None:
+                return None
+            runs.append((b, times))
+            while k < len(by_end) and by_end[k][0] - j_lo <= t1:  # the decodes ending there leave the batch
+                base_sum -= by_end[k][1]
+                b -= 1
+                k += 1
+            t0 = t1
+        return runs
+
+    def times(self, cost, kk: int, pad_table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_Stretch.times` of the same decodes."""
+        left = self.ends.by_end[self.ends.lo:]
+        j_lo = self.j_lo
+        return _Stretch([base + j_lo for _, base in left], [end - j_lo for end, _ in left],
+                        cost.uses_decode_range).times(cost, kk, pad_table)
+
+
 def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, running: list, computed0: list[int],
                       rem: list[int], fin: list[int], dts: np.ndarray, counts: np.ndarray, ends: list[float],
                       cap: int, stop_time: float, pad_table: np.ndarray) -> _Arrivals:
@@ -604,6 +683,8 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
     cost = inst.cost_model
     aggregates = not cost.uses_decode_range and not cost.uses_decode_list
     dbase = ad.dbase
+    # (aggregates: the decoding batch kept by decode end, so that a schedule and a stretch cost what changes)
+    ends_of = _DecodeEnds(list(rem), list(computed0)) if aggregates else None
     m = 0
     while True:
         r = known.peek(m)
@@ -623,17 +704,25 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
             return a
         if inst.rejection_reason(r):
             return a
-        decoders, avail = ad.at_schedule(a, j)
-        if avail < 0 or not inst.scheduler.admits_whole(inst, r, len(ad.alive), len(decoders), avail):
+        if ends_of is not None:  # the decodes' count and Σ contexts are all the cost model reads
+            avail = ad.free_at(a, j)
+            num_decodes = ends_of.advance(j)
+            decoders = num_decodes, ends_of.base_sum + num_decodes * j
+        else:
+            decoders, avail = ad.at_schedule(a, j)
+            num_decodes = len(decoders)
+        if avail < 0 or not inst.scheduler.admits_whole(inst, r, len(ad.alive), num_decodes, avail):
             return a
-        if aggregates:  # the decodes' count and Σ contexts are all the cost model reads (_QueueWalk.decoders)
-            decoders = len(decoders), sum([dbase[i] for i in decoders]) + len(decoders) * j
         if not ad.admit(a, [r], j, at, decoders):
             return a
+        if ends_of is not None:
+            i = len(a.c0) - 1
+            ends_of.add(a.s0[i] + a.rem[i], dbase[i])
         m += 1
         nxt = known.peek(m)
         a.hint = nxt.arrival_time if nxt is not None else float("inf")
-        if not _decode_stretch(inst, a, ad.alive, ad.dbase, j + 1, cap, stop_time, async_, pad_table, ad.cpu_on):
+        if not _decode_stretch(inst, a, ad.alive, ad.dbase, j + 1, cap, stop_time, async_, pad_table, ad.cpu_on,
+                               ends_of):
             return a
 
 
@@ -965,14 +1054,19 @@ class _Admitting:
     def at_schedule(self, a: _Arrivals, j: int) -> tuple[list[int], int]:
         """Schedule j (completions before it applied): the participants it decodes, and the free blocks after its
         decodes' allocations (negative: it preempts)."""
+        avail = self.free_at(a, j)
+        d0, s0, rem = self.d0, a.s0, a.rem
+        return [i for i in self.alive if d0[i] <= j < s0[i] + rem[i]], avail
+
+    def free_at(self, a: _Arrivals, j: int) -> int:
+        """The free blocks after schedule j's decodes' allocations, completions before it applied (negative: it
+        preempts)."""
         heap, alive = self.heap, self.alive
         while heap and heap[0][0] < j:
             i = heappop(heap)[1]
             alive.remove(i)
             self.freed += a.held[i]
-        d0, s0, rem = self.d0, a.s0, a.rem
-        decoders = [i for i in alive if d0[i] <= j < s0[i] + rem[i]]
-        return decoders, self.free + self.freed - a.taken_by(alive, j + 1, self.inst.kv.block_size)
+        return self.free + self.freed - a.taken_by(alive, j + 1, self.inst.kv.block_size)
 
     def next_completion(self) -> int | None:
         """The step of the next completion among the participants alive, or None."""
@@ -1113,25 +1207,35 @@ def _admitting(inst, running: list, computed0: list[int], rem: list[int], fin: l
 
 
 def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo: int, cap: int,
-                    stop_time: float, async_: bool, pad_table: np.ndarray, cpu_on) -> bool:
+                    stop_time: float, async_: bool, pad_table: np.ndarray, cpu_on,
+                    ends_of: _DecodeEnds | None = None) -> bool:
     """Plan the decodes of ``alive`` from schedule ``j_lo`` on (appended to ``a``), in chunks until the next
     arrival (``a.hint``), ``cap`` schedules, the last participant's last schedule or ``stop_time``. False when
-    the jump cannot go on after it (no participant left, or under async a schedule whose CPU work would show)."""
-    ctx = []
-    rem = []
-    s0, rem_all = a.s0, a.rem
-    last_sched = 0
-    for i in alive:
-        top_i = s0[i] + rem_all[i]
-        if top_i > last_sched:
-            last_sched = top_i
-        if top_i > j_lo:
-            ctx.append(dbase[i] + j_lo)
-            rem.append(top_i - j_lo)
-    top = last_sched if last_sched < cap else cap
-    if j_lo >= top:
-        return False
-    stretch = _Stretch(ctx, rem, inst.cost_model.uses_decode_range)
+    the jump cannot go on after it (no participant left, or under async a schedule whose CPU work would show).
+    ``ends_of``: the same decodes kept by decode end (an aggregate cost model), read instead of ``alive``."""
+    if ends_of is not None:
+        ends_of.advance(j_lo)
+        last_sched = ends_of.last_end()
+        top = last_sched if last_sched < cap else cap
+        if j_lo >= top:
+            return False
+        stretch = ends_of.stretch(j_lo)
+    else:
+        ctx = []
+        rem = []
+        s0, rem_all = a.s0, a.rem
+        last_sched = 0
+        for i in alive:
+            top_i = s0[i] + rem_all[i]
+            if top_i > last_sched:
+                last_sched = top_i
+            if top_i > j_lo:
+                ctx.append(dbase[i] + j_lo)
+                rem.append(top_i - j_lo)
+        top = last_sched if last_sched < cap else cap
+        if j_lo >= top:
+            return False
+        stretch = _Stretch(ctx, rem, inst.cost_model.uses_decode_range)
     ends = a.ends
     kk = min(top - j_lo, _first_chunk(a))
     while True:
