@@ -581,3 +581,37 @@ def test_a_jump_checks_the_head_where_a_finishing_request_sits_out(version):
     spec = [(0.0, 20, 30, None), (0.0, 20, 60, None), (0.0, 20, 60, None), (0.0, 20, 60, None), (0.01, 197, 2, None)]
     assert_same(spec, version=version, mbt=200, seqs=32, blocks=120, caching=False, chunked=False,
                 engine={"max_model_len": 200})
+
+
+class _SumsOnly:
+    """A cost model stand-in that reads decodes by count and Σ contexts only; each step's "time" records them."""
+
+    uses_decode_range = False
+    uses_decode_list = False
+
+    def steady_decode_times(self, num_decodes, decode_sum, decode_max, decode_min, padded, num_steps):
+        return [(num_decodes, decode_sum + num_decodes * t, padded) for t in range(num_steps)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=st.lists(st.tuples(st.integers(1, 60), st.integers(0, 5000)), min_size=1, max_size=40),
+       added=st.lists(st.tuples(st.integers(1, 60), st.integers(0, 5000)), max_size=10),
+       j_lo=st.integers(0, 20), kk=st.integers(1, 80))
+def test_decode_runs_kept_by_end_price_as_the_sorted_stretch(batch, added, j_lo, kk):
+    from lab.engine.fastforward import _DecodeEnds, _Stretch
+    import numpy as np
+    ends = _DecodeEnds([e for e, _ in batch], [b for _, b in batch])
+    everyone = list(batch)
+    for end, base in added:  # participants joining later, as admissions do
+        ends.add(j_lo + end, base)
+        everyone.append((j_lo + end, base))
+    ends.advance(j_lo)
+    left = [(e, b) for e, b in everyone if e > j_lo]
+    if not left:
+        assert ends.last_end() == 0
+        return
+    assert ends.last_end() == max(e for e, _ in left)
+    kk = min(kk, ends.last_end() - j_lo)
+    pad = np.arange(200)
+    want = _Stretch([b + j_lo for _, b in left], [e - j_lo for e, _ in left], False).steady_times(_SumsOnly(), kk, pad)
+    assert ends.stretch(j_lo).steady_times(_SumsOnly(), kk, pad) == want
