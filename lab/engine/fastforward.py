@@ -1213,16 +1213,12 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
     arrival (``a.hint``), ``cap`` schedules, the last participant's last schedule or ``stop_time``. False when
     the jump cannot go on after it (no participant left, or under async a schedule whose CPU work would show).
     ``ends_of``: the same decodes kept by decode end (an aggregate cost model), read instead of ``alive``."""
+    ctx: list[int] = []
+    rem: list[int] = []
     if ends_of is not None:
         ends_of.advance(j_lo)
         last_sched = ends_of.last_end()
-        top = last_sched if last_sched < cap else cap
-        if j_lo >= top:
-            return False
-        stretch = ends_of.stretch(j_lo)
     else:
-        ctx = []
-        rem = []
         s0, rem_all = a.s0, a.rem
         last_sched = 0
         for i in alive:
@@ -1232,10 +1228,10 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
             if top_i > j_lo:
                 ctx.append(dbase[i] + j_lo)
                 rem.append(top_i - j_lo)
-        top = last_sched if last_sched < cap else cap
-        if j_lo >= top:
-            return False
-        stretch = _Stretch(ctx, rem, inst.cost_model.uses_decode_range)
+    top = last_sched if last_sched < cap else cap
+    if j_lo >= top:
+        return False
+    stretch = ends_of.stretch(j_lo) if ends_of is not None else _Stretch(ctx, rem, inst.cost_model.uses_decode_range)
     ends = a.ends
     kk = min(top - j_lo, _first_chunk(a))
     while True:

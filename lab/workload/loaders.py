@@ -90,15 +90,15 @@ def _unzip(data: bytes) -> bytes:
 _COMPRESSED = {".gz": ("gzip", gzip.decompress), ".bz2": ("bzip2", bz2.decompress), ".xz": ("xz", lzma.decompress),
                ".zip": ("zip", _unzip)}
 
+
 class _CsvRows:
-    """A CSV trace's data rows as text, column by column: ``columns`` (the header's names, first of a repeated name
-    kept), ``cells[name]`` (one string per kept row; '' for a field the row lacks) and ``lines`` (each row's line
+    """A CSV trace's data rows as text, column by column: ``cells[name]`` (one string per kept row, in the header's
+    column order, the first of a repeated name kept; '' for a field the row lacks) and ``lines`` (each row's line
     number in the file: the header is line 1, blank lines count)."""
 
-    __slots__ = ("columns", "cells", "lines")
+    __slots__ = ("cells", "lines")
 
-    def __init__(self, columns: list[str], cells: dict[str, list[str]], lines: list[int]) -> None:
-        self.columns = columns
+    def __init__(self, cells: dict[str, list[str]], lines: list[int]) -> None:
         self.cells = cells
         self.lines = lines
 
@@ -109,7 +109,7 @@ class _CsvRows:
 def _check_columns(path: Path, rows: _CsvRows, need: Iterable[str]) -> None:
     missing = [c for c in need if c not in rows.cells]
     if missing:
-        raise WorkloadError(f"{path}: missing column(s) {missing}; found {rows.columns}")
+        raise WorkloadError(f"{path}: missing column(s) {missing}; found {list(rows.cells)}")
 
 
 def _read_csv(path: Path, need: Iterable[str] = ()) -> _CsvRows:
@@ -117,8 +117,8 @@ def _read_csv(path: Path, need: Iterable[str] = ()) -> _CsvRows:
     data row and the columns ``need``. Blank lines are skipped but still counted in the line numbers.
 
     Raises:
-        WorkloadError: a missing, empty, non-UTF-8 or corrupt (gzip) file, a row with more fields than the
-        header, no data rows, or a missing column.
+        WorkloadError: a missing, empty, non-UTF-8 or corrupt (compressed) file, a row with more fields than
+        the header or an unclosed quote, no data rows, or a missing column.
     """
     try:
         text = _read_bytes(path).decode("utf-8-sig")
@@ -154,7 +154,7 @@ def _read_csv(path: Path, need: Iterable[str] = ()) -> _CsvRows:
     cells: dict[str, list[str]] = {}
     for name, column in zip(names, columns):
         cells.setdefault(name, list(column))
-    rows = _CsvRows(list(cells), cells, lines)
+    rows = _CsvRows(cells, lines)
     _check_columns(path, rows, need)
     return rows
 
