@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lab.core.step_log import ExactSum, StepLog, StepLogSummarized, StepTotals
+from lab.core.step_log import ROW_BUDGET, RUN_ROW_BUDGET, ExactSum, StepLog, StepLogSummarized, StepTotals
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -105,6 +105,32 @@ def test_full_and_summarized_runs_write_identical_results(tmp_path, monkeypatch)
     pd.testing.assert_frame_equal(pd.read_parquet(full / "requests.parquet"), pd.read_parquet(summ / "requests.parquet"))
     assert (full / "bench_result.json").read_text() == (summ / "bench_result.json").read_text()
     assert (full / "steps.parquet").is_file() and not (summ / "steps.parquet").exists()
+
+
+def test_the_run_row_budget_is_shared_by_its_instances(monkeypatch):
+    """One instance holds the whole run's budget; many hold at least ROW_BUDGET each; a run that fits writes no
+    spill file (nor loads pyarrow for one)."""
+    from lab.core.step_log import rows_per_log
+    from lab.experiment.config import load_experiment
+    from lab.experiment.simulation import simulate
+
+    assert rows_per_log(1) == RUN_ROW_BUDGET and rows_per_log(4) == RUN_ROW_BUDGET // 4
+    assert rows_per_log(64) == ROW_BUDGET
+    import lab.core.step_log as step_log
+
+    monkeypatch.setattr(step_log, "RUN_ROW_BUDGET", 600)
+    monkeypatch.setattr(step_log, "ROW_BUDGET", 200)
+    exp = load_experiment(REPO / "experiments" / "demo.yaml", None, {
+        "workload": {"num_requests": 150}, "cluster": {"num_instances": 2}})
+    with simulate(exp) as res:
+        logs = [i.steps for i in res.instances]
+        assert [log.chunk_rows for log in logs] == [300, 300]
+        assert all(len(log) > 300 for log in logs) and all(log.spilled_rows for log in logs)
+        assert all(Path(log.spill_path).is_file() for log in logs)
+    monkeypatch.setattr(step_log, "RUN_ROW_BUDGET", 1 << 20)
+    with simulate(exp) as res:
+        assert not any(i.steps.spilled_rows for i in res.instances)
+        assert not any(Path(i.steps.spill_path).exists() for i in res.instances)
 
 
 def test_bench_json_is_what_json_dumps_writes():

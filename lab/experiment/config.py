@@ -459,8 +459,9 @@ class SimulationConfig(_Strict):
     record_events: bool | None = Field(None, description="keep each request's lifecycle events; default: on up to "
                                        "200,000 requests")
     step_log: Literal["auto", "memory", "spill"] = Field("auto", description="where a full step log keeps its rows: "
-                                                         "memory (all of them), or spill (auto, spill: each instance "
-                                                         "holds at most 65,536 rows, older ones go to a Parquet file)")
+                                                         "memory (all of them), or spill (auto, spill: the run "
+                                                         "holds at most 1,048,576 rows, 65,536 or more per instance; "
+                                                         "older ones go to an Arrow file)")
     fast_forward: bool = Field(True, description="advance stretches of identical decode steps in one exact jump")
     progress: bool = True
 

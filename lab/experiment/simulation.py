@@ -29,7 +29,7 @@ from lab.costmodel.parallel import Parallelism
 from lab.costmodel.roofline import Efficiency, RooflineCostModel
 from lab.costmodel.speculative import Drafter
 from lab.experiment import speculative as spec_setup
-from lab.core.step_log import StepLog
+from lab.core.step_log import StepLog, rows_per_log
 from lab.engine.fastforward import KnownArrivals
 from lab.engine.instance import EngineOptions, Instance
 from lab.core.kv_cache import KVCacheManager
@@ -445,7 +445,8 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         record_events=sim.record_events if sim.record_events is not None else not big,
         spill_dir=tempfile.mkdtemp(prefix="servelab_steps_") if sim.step_log != "memory" and not summary_steps
         else None,
-        record_breakdown=record_breakdown, horizon=sim.horizon_s, summary_steps=summary_steps)
+        record_breakdown=record_breakdown, horizon=sim.horizon_s, summary_steps=summary_steps,
+        rows_per_log=rows_per_log(sum(sub.cluster.num_instances for _, sub, _ in pools)))
     # the spill folder goes with SimResult.cleanup(), when the run fails, else at the latest when the process exits
     spill = weakref.finalize(env, shutil.rmtree, run.spill_dir, True) if run.spill_dir else None
     instances: list[Instance] = []
@@ -664,6 +665,7 @@ class _RunSettings:
     record_breakdown: bool
     horizon: float | None
     summary_steps: bool = False  # output.step_log: summary (no per-step rows, only totals)
+    rows_per_log: int = 1 << 16  # rows a spilling log holds (step_log.rows_per_log of the run's instance count)
 
 
 def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, run: _RunSettings,
@@ -696,9 +698,9 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
             inst.configure_kv_offload(make_kv_offloader(exp, dep, scheduler))
         if run.summary_steps:
             inst.steps = StepLog(i, dep.num_gpu_blocks - 1, num_slots=inst.steps.num_slots, summary=True)
-        elif run.spill_dir:  # each instance holds at most ROW_BUDGET rows; older ones go to its spill file
+        elif run.spill_dir:  # each instance holds at most run.rows_per_log rows; older ones go to its spill file
             inst.steps = StepLog(i, dep.num_gpu_blocks - 1, os.path.join(run.spill_dir, f"steps_{i}.arrow"),
-                                 num_slots=inst.steps.num_slots)
+                                 run.rows_per_log, num_slots=inst.steps.num_slots)
         inst.stop_time = run.horizon if run.horizon else float("inf")
         out.append(inst)
     return out
