@@ -89,7 +89,8 @@ class Plan:
     With planned admissions (``admissions``: (schedule, position) pairs: arrivals, or with ``from_queue`` the
     waiting queue's heads) the admitted requests follow the running requests in
     ``reqs``: participant i takes part in schedules ``s0[i]`` .. ``s0[i] + rem[i] - 1`` and computes
-    ``first_tokens[i]`` tokens before its decodes (its whole prompt; 1 for a running request, ``s0`` = 0), in
+    ``first_tokens[i]`` tokens before its decodes (its whole prompt; 1 for a running request, ``s0`` = 0, one of
+    the first ``num_running``), in
     the chunks ``chunks[i]`` of its first schedules (one, or several for a prompt the budget chunks; the last
     samples its first token); its admission allocates the blocks of ``alloc0[i]`` tokens (its first chunk, or its
     whole prompt for a policy that reserves it).
@@ -99,7 +100,7 @@ class Plan:
                  "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "earlier", "used", "finish_at",
                  "sizes", "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list",
                  "arrivals", "admit_after", "s0", "first_tokens", "admissions", "stops", "admitted_at", "wait_rows",
-                 "planned", "fin_sorted", "adm_sched", "from_queue", "chunks", "alloc0", "busy")
+                 "planned", "fin_sorted", "adm_sched", "from_queue", "chunks", "alloc0", "busy", "num_running")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -111,7 +112,9 @@ class Plan:
         self.arrivals: list[float] = []  # times of earlier arrivals that left the blocked waiting head in place
         # planned admissions of arrivals known in advance (_through_arrivals) or of the queue's heads
         # (_through_queue); None / empty without
-        self.s0: list[int] | None = None  # per participant, its first planned schedule (0: running at the start)
+        self.s0: list[int] | None = None  # per participant, its first planned schedule (0: running at the start,
+        # or a queue head schedule 0 admits)
+        self.num_running = 0  # participants 0..num_running-1 were running at the start
         self.first_tokens: list[int] | None = None  # tokens it computes before its decodes (1, or its whole prompt)
         self.chunks: list | None = None  # per participant, the tokens of its prompt at each of its first schedules
         self.alloc0: list[int] | None = None  # tokens whose blocks its admission allocates
@@ -209,7 +212,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     # KV and, with requests waiting, admission at completions bound the jump (before pricing: often to 0 or 1)
     k, admit_after = _bound(inst, inst.waiting.peek() if waiting else None, running, computed0, rem, fin, k, bs,
                             len(kv.pool.free_queue), async_, check_head)
-    if k < 2:
+    if k < 2 and admit_after != -1:  # (-1: schedule 0 admits the head; the walk through the queue may plan it)
         return None
     k_bound = k
     # Step times of schedules 0..k-1. Request i takes part while j < rem[i], so with requests sorted by rem the
@@ -224,7 +227,11 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     cost = inst.cost_model
     cpu_terms = opt.cpu_base_s or opt.cpu_per_seq_s or opt.cpu_per_token_s
     kk = min(k, 64)  # grow in chunks until the expected arrival: a short jump costs little to plan
-    while True:
+    if not kk:  # the jump starts with schedule 0's admission: no decodes before it
+        counts, dts = np.zeros(0, dtype=np.int64), np.zeros(0)
+        ends = _end_times(env_now, first.dt if async_ else None, dts)
+        last = env_now
+    while kk:  # (kk stays above 0: the loop ends with a break)
         # schedules 0..kk-1 only: a plan rarely runs past the first chunk
         counts, dts = stretch.times(cost, kk, pad_table)
         if cpu_terms:
@@ -263,8 +270,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
         else:
             arr = None
     # A long queue behind a blocked head: the jump may go on through the head's admissions (_through_queue)
-    elif (waiting and admit_after is not None and k == admit_after + 1 and not inst.finish_triggers_arrival
-          and not inst.hands_off and inst.waiting.arrivals_join_back and _arrivals_allowed(inst, running, caching)):
+    elif waiting and admit_after is not None and k == admit_after + 1 and _walks_queue(inst, running):
         arr = _through_queue(inst, running, computed0, rem, fin, dts, counts, ends_list, MAX_JUMP_STEPS, stop_time,
                              pad_table, admit_after)
         if arr.admissions:
@@ -288,6 +294,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     p.dts = dts[:k]
     p.ends_list = ends_list[:k]
     p.reqs = list(running)
+    p.num_running = len(running)
     if arr is not None and arr.keep(k):
         p.reqs += arr.reqs
         rem, computed0, fin = arr.rem, arr.c0, arr.fin
@@ -340,7 +347,9 @@ def _cut_at_schedule_zero(inst, running: list, check_head: bool) -> bool:
     the batch before the plan's own: it runs out of KV blocks (each decode whose context fills its last block
     takes one: it preempts), or, with ``check_head``, the scheduler's rule admits the waiting head given the
     running count, the decodes (under async a request whose last token is in flight sits the schedule out) and the
-    free blocks after their allocations. Without ``check_head`` and with a block free per request, nothing to test.
+    free blocks after their allocations, and that admission is not one a jump can start with (the walk through
+    the queue, :func:`_through_queue`, is not allowed here, or the rule cannot tell how it admits the head). Without
+    ``check_head`` and with a block free per request, nothing to test.
     """
     free = len(inst.kv.pool.free_queue)
     if not check_head and free >= len(running):
@@ -355,8 +364,26 @@ def _cut_at_schedule_zero(inst, running: list, check_head: bool) -> bool:
     avail = free - crossing
     if avail < 0:
         return True
-    return check_head and not inst.scheduler.head_stays_blocked(inst, inst.waiting.peek(), len(running),
-                                                                num_decodes, avail)
+    if not check_head:
+        return False
+    head = inst.waiting.peek()
+    scheduler = inst.scheduler
+    n = len(running)
+    if scheduler.head_stays_blocked(inst, head, n, num_decodes, avail):
+        return False
+    if not _walks_queue(inst, running):
+        return True
+    left = len(inst.waiting)
+    return not (scheduler.admits_whole(inst, head, n, num_decodes, avail, left)
+                or scheduler.admits_chunk(inst, head, n, num_decodes, avail, left) is not None)
+
+
+def _walks_queue(inst, running: list) -> bool:
+    """Whether a jump may go on through admissions of the waiting queue's heads (:func:`_through_queue`): no
+    completion triggers an arrival or leaves for another pool, arrivals join the back of the queue, and
+    :func:`_arrivals_allowed`."""
+    return (not inst.finish_triggers_arrival and not inst.hands_off and inst.waiting.arrivals_join_back
+            and _arrivals_allowed(inst, running, inst.kv.enable_prefix_caching))
 
 
 def _decode_cpu(opt, counts):
@@ -511,7 +538,12 @@ class _Arrivals:
     schedules; ``hint``, the time of the first arrival it does not admit (inf if none)."""
 
     __slots__ = ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst", "reqs", "admissions", "dts",
-                 "counts", "ends", "hint", "n_run", "admit_after", "chunks", "alloc0")
+                 "counts", "ends", "hint", "n_run", "admit_after", "chunks", "alloc0", "start")
+
+    def made_at(self, j: int) -> float:
+        """When schedule j is made (seconds): at the jump's start for schedule 0, else when executed step j - 1
+        ends."""
+        return self.ends[j - 1] if j else self.start
 
     def taken_by(self, alive: list[int], m: int, bs: int) -> int:
         """KV blocks the participants ``alive`` take in schedules 0..m-1: each its prompt's at its admission,
@@ -730,7 +762,9 @@ def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fi
                    counts: np.ndarray, ends: list[float], cap: int, stop_time: float, pad_table: np.ndarray,
                    after: int) -> _Arrivals:
     """Extend a planned stretch of decodes that ends with the completion at step ``after`` (``dts``, ``counts``,
-    ``ends``: schedules 0..after) through admissions of the waiting queue's heads, while each is certain: the
+    ``ends``: schedules 0..after; ``after`` = -1: none, schedule 0 is the first checked, when something changed
+    since the last schedule that showed the head blocked) through admissions of the waiting queue's heads, while
+    each is certain: the
     overloaded regime, where a long queue waits behind a head blocked by KV or ``max_num_seqs`` and each
     completion may let heads in.
 
@@ -766,7 +800,7 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
     m = 0  # heads admitted
     while True:
         # check point j; the walk's state is schedule j's (its decodes' blocks taken)
-        if j >= cap or a.ends[j - 1] >= stop_time or walk.avail < 0:
+        if j >= cap or a.made_at(j) >= stop_time or walk.avail < 0:
             return  # (a negative margin: schedule j preempts)
         if len(ad.alive) + len(waiting) - m <= 1:
             return  # whether anything else runs or waits (arrivals may join) can change the admission rule
@@ -787,7 +821,7 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
             return  # two prompts part-way done
         if taken or rest:
             first = len(a.c0)
-            if not ad.admit(a, heads[m:m + taken], j, a.ends[j - 1], walk.decoders(j), last_chunk, rest or None):
+            if not ad.admit(a, heads[m:m + taken], j, a.made_at(j), walk.decoders(j), last_chunk, rest or None):
                 return
             if rest:
                 walk.chunk_done(rest[1])
@@ -1117,7 +1151,7 @@ class _Admitting:
         del dts_l[j:], counts_l[j:], ends[j + off:]
         dts_l.append(dt)
         counts_l.append(num_decodes)
-        ends.append(ends[-1] + dt)
+        ends.append((ends[-1] if ends else a.start) + dt)  # (none left: sync schedule 0, made at the start)
         bs = inst.kv.block_size
         for n, (r, prompt) in enumerate(zip(reqs, prompts)):
             chunked = last_chunk is not None and n == len(reqs) - 1
@@ -1190,6 +1224,7 @@ def _admitting(inst, running: list, computed0: list[int], rem: list[int], fin: l
     a.dfirst = [(-c) % bs for c in computed0]
     a.reqs, a.admissions = [], []
     a.dts, a.counts, a.ends = dts.tolist(), counts.tolist(), ends
+    a.start = inst.now
     a.admit_after = None
     ad = _Admitting()
     ad.inst = inst
@@ -1335,7 +1370,8 @@ def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin:
     running count, the decodes of the next schedule and its free blocks after their allocations, whether the
     jump goes on. The completion ending the jump is also ``f`` when the jump's length cut it (the next schedule
     has not been checked). With ``check_head``, schedule 0 is checked the same way first (something changed since
-    the last schedule that showed the head blocked)."""
+    the last schedule that showed the head blocked): ``(0, -1)`` when it may admit the head (a jump can then start
+    with that admission, :func:`_through_queue` from ``after`` = -1)."""
     j0s = [(-c) % bs for c in computed0]
 
     if len(rem) < _VECTOR_BOUND_FROM:
@@ -1372,7 +1408,7 @@ def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin:
         avail = free - new_blocks(1)
         num_decodes = sum(1 for r in rem if r > 0)
         if avail >= 0 and not inst.scheduler.head_stays_blocked(inst, head, n, num_decodes, avail):
-            return 0, None  # (avail < 0: schedule 0 preempts, found below)
+            return 0, -1  # schedule 0 may admit it (avail < 0: schedule 0 preempts, found below)
     caching = inst.kv.enable_prefix_caching
     ref_cnt = inst.kv.pool.ref_cnt
     ref_left: dict[int, int] = {}  # holders left of shared blocks whose holders complete during the jump
@@ -1626,7 +1662,7 @@ def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> No
         if sched > m:
             sched = m
         r = reqs[i]
-        if s0[i] == 0:  # running at the jump's start
+        if i < plan.num_running:  # running at the jump's start
             out, in_flight = _running_outputs(async_, m, sched, n_out)
             last = out - 1
             c = plan.computed0[i] + sched
@@ -1839,7 +1875,8 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
             inst.itl.add(end - plan.start, same_gap)
         steps.append(plan.start, first.dt, sh.num_tokens, sh.num_tokens - sh.num_decodes, sh.num_decodes,
                      sh.num_seqs, first.used_blocks, running_at(0),
-                     nw + bisect_left(arrivals, end) + wait_rows.get(0, 0),
+                     nw + bisect_left(arrivals, end) + wait_rows.get(0, 0)
+                     - (bisect_right(adm, 0) if plan.from_queue else 0),
                      first.num_preempted, B, first.transfer_s, first.busy_s)
         inst.busy_time += first.dt
         q = 1
