@@ -192,7 +192,9 @@ class VLLMV1Scheduler(SchedulerBase):
         if 0 < threshold < n:
             n = threshold
         if not cfg.enable_chunked_prefill and n > budget:
-            return True
+            # (unless a prefix hit, shared content's or its own freed blocks', may leave fewer tokens to compute:
+            # cannot tell)
+            return not engine.kv.enable_prefix_caching or (unique_content(head) and head.prev_blocks is None)
         if n > budget:
             n = budget
         if cfg.pad_new_one_token_requests and n == 1:
@@ -214,15 +216,32 @@ class VLLMV1Scheduler(SchedulerBase):
         outputs so far. False (cannot tell) with a CPU KV tier, a request holding computed state, one whose own
         blocks, freed by a preemption, prefix caching may hit, a padded one-token admission, and for a subclass with
         an admission phase of its own (or a ``schedule`` of its own)."""
+        if request.prev_blocks is not None and engine.kv.enable_prefix_caching:
+            return False  # its own blocks freed by a preemption may be hit, or handed out by then
+        return self._admits(engine, request, 0, num_running, num_scheduled_tokens, num_free_blocks, num_waiting)
+
+    def admits_resumed(self, engine: EngineView, request: Request, num_hit_tokens: int, num_running: int,
+                       num_scheduled_tokens: int, num_free_blocks: int, num_waiting: int) -> bool:
+        """:meth:`admits_whole` for a request preempted before whose prefix hit here is ``num_hit_tokens`` (see
+        :meth:`SchedulerBase.admits_resumed`): the rest of its sequence must fit the budget and the long-prefill
+        threshold; its blocks count as its whole sequence's (``KVCacheManager.blocks_to_admit`` with
+        ``num_tokens``: each hit block, free, is taken out of the free queue as a new block would be)."""
+        if request.prev_blocks is None or not unique_content(request):
+            return False
+        return self._admits(engine, request, num_hit_tokens, num_running, num_scheduled_tokens, num_free_blocks,
+                            num_waiting)
+
+    def _admits(self, engine: EngineView, request: Request, num_hit_tokens: int, num_running: int,
+                num_scheduled_tokens: int, num_free_blocks: int, num_waiting: int) -> bool:
+        """:meth:`schedule_waiting`'s decision to admit ``request`` whole after a prefix hit of ``num_hit_tokens``
+        (see :meth:`admits_whole`, :meth:`admits_resumed`)."""
         cls = type(self)
         if cls.schedule_waiting is not VLLMV1Scheduler.schedule_waiting or cls.schedule is not VLLMV1Scheduler.schedule:
             return False
         cfg = engine.config
         if num_running >= cfg.max_num_seqs or engine.kv_offload is not None or request.num_computed_tokens:
             return False
-        if request.prev_blocks is not None and engine.kv.enable_prefix_caching:
-            return False  # its own blocks freed by a preemption may be hit, or handed out by then
-        n = request.num_tokens
+        n = request.num_tokens - num_hit_tokens
         threshold = cfg.long_prefill_token_threshold
         if threshold and cfg.threshold_only_when_contended and num_running + num_waiting <= 1:
             threshold = 0
@@ -232,7 +251,9 @@ class VLLMV1Scheduler(SchedulerBase):
             return False
         if engine.kv.enable_prefix_caching and not unique_content(request):
             return False
-        need = engine.kv.blocks_to_admit(request, n, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
+        # (its whole sequence's blocks: with a hit, each hit block leaves the free queue as a new block would)
+        need = engine.kv.blocks_to_admit(request, request.num_tokens, cfg.num_lookahead_tokens,
+                                         cfg.scheduler_reserve_full_isl)
         if need is None:
             return False
         reserve = int(cfg.watermark * engine.kv.pool.num_gpu_blocks) if cfg.watermark and num_running else 0

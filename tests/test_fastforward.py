@@ -111,6 +111,57 @@ def test_fast_forward_equals_step_by_step_in_a_cluster_and_at_a_horizon(spec, ve
 TWO_ENTRY_POOLS = [{"name": "a", "num_instances": 2}, {"name": "b", "num_instances": 1, "engine": {"max_num_seqs": 4}}]
 
 
+def test_an_unchunked_prompt_with_a_prefix_hit_is_not_taken_for_blocked_by_the_budget():
+    """Without chunked prefill a waiting prompt larger than the budget left is blocked, unless a prefix hit (shared
+    content here: request 3 hits request 1's first block) leaves few enough tokens to compute: the step-by-step run
+    admits it at once (found by a random search; the head-blocked rule used to ignore the hit)."""
+    spec = [(0.0025, 68, 7, None), (0.0, 127, 1, 1), (0.003, 82, 5, None), (0.0, 511, 1, 1)]
+    assert_same(spec, version="0.19", blocks=60, seqs=4, mbt=512, bs=32, cudagraph=False, chunked=False,
+                engine={"max_model_len": 512})
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=request_spec, version=st.sampled_from(["0.33", "0.11"]), blocks=st.sampled_from([40, 60, 120]),
+       seqs=st.sampled_from([2, 4, 16]), preemption=st.sampled_from(["recompute", "swap"]))
+def test_fast_forward_equals_step_by_step_without_chunked_prefill(spec, version, blocks, seqs, preemption):
+    assert_same(spec, version=version, blocks=blocks, seqs=seqs, preemption=preemption, mbt=320, chunked=False,
+                engine={"max_model_len": 320})
+
+
+@pytest.mark.parametrize("version", ["0.33", "0.11"])
+def test_a_jump_starts_with_the_resumption_of_a_preempted_head(monkeypatch, version):
+    """Overloaded, prefix caching on: preempted requests head the queue, and a jump may start with schedule 0
+    resuming one, its own freed blocks still free after the decodes' taken as its prefix hit (admits_resumed)."""
+    from policies.vllm_v1 import VLLMV1Scheduler
+
+    resumed: list[int] = []
+    rule = VLLMV1Scheduler.admits_resumed
+
+    def counted(self, engine, request, num_hit_tokens, *args):
+        ok = rule(self, engine, request, num_hit_tokens, *args)
+        if ok and num_hit_tokens:
+            resumed.append(num_hit_tokens)
+        return ok
+
+    monkeypatch.setattr(VLLMV1Scheduler, "admits_resumed", counted)
+    spec = [(0.001, 150 + 7 * i % 90, 60 + 13 * i % 70, None) for i in range(40)]
+    res = assert_same(spec, version=version, blocks=60, seqs=16)
+    assert resumed and sum(i.num_preemptions for i in res.instances) > 0
+
+
+def test_a_resumed_head_whose_freed_blocks_the_decodes_take_first_hits_less():
+    """Right after a preemption the victim's freed blocks can be the free queue's first: schedule 0's decodes then
+    take some before the victim is resumed, and its prefix hit is what is left (found by a random search; a plan
+    that ignored those decodes planned a hit of 192 tokens where the engine finds 176)."""
+    spec = [(0.001, 212, 21, None), (0.0005, 42, 15, None), (0.0005, 146, 108, None), (0.002, 127, 56, None),
+            (0.002, 35, 63, None), (0.001, 252, 54, None), (0.001, 118, 119, None), (0.001, 65, 67, None),
+            (0.0005, 30, 94, None), (0.001, 286, 57, None), (0.001, 214, 97, None), (0.0005, 152, 17, None),
+            (0.0005, 217, 84, None), (0.001, 75, 89, None), (0.0005, 193, 35, None), (0.002, 64, 68, None),
+            (0.002, 284, 120, None), (0.0005, 92, 82, None), (0.0005, 296, 9, None), (0.001, 119, 23, None),
+            (0.002, 253, 98, None), (0.002, 247, 41, None)]
+    assert_same(spec, version="0.11", blocks=40, seqs=4)
+
+
 def _hand_off_pools(after: int, delay: float, count: int) -> list:
     return [{"name": "a", "num_instances": count,
              "hand_off": {"to": "b", "after_output_tokens": after, "delay_s": delay}},

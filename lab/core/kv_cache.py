@@ -118,6 +118,20 @@ class FreeBlockQueue:
                 return b
             self.stale -= 1
 
+    def peek(self, n: int) -> list[int]:
+        """The ``n`` block ids (fewer if fewer are free) that ``n`` pops from the head would hand out, left
+        queued."""
+        ids, seqs, fs = self.ids, self.seqs, self.free_seq
+        out: list[int] = []
+        h = self.head
+        end = len(ids)
+        while len(out) < n and h < end:
+            b = ids[h]
+            if fs[b] == seqs[h]:
+                out.append(b)
+            h += 1
+        return out
+
     def blocks(self) -> list[int]:
         """The free block ids from head to tail (for inspection)."""
         fs = self.free_seq
@@ -367,21 +381,7 @@ class KVCacheManager:
         if max_blocks <= 0:
             return [], 0
         if unique_content(request):
-            # Content unique to this request: only its own full blocks, freed by a preemption and not handed out
-            # since (still free, same free-queue entry), can hit.
-            prev = request.prev_blocks
-            hits = []
-            if prev:
-                blocks, seqs = prev
-                rc = self.pool.ref_cnt
-                fs = self.pool.free_seq
-                for i in range(min(max_blocks, len(seqs))):
-                    b = blocks[i]
-                    if rc[b] or fs[b] != seqs[i]:
-                        break
-                    hits.append(b)
-            if hits and self.drop_last_hit_block:
-                hits.pop()
+            hits = self._own_hits(request, max_blocks, ())
             return hits, len(hits) * bs
         hashes = request.ensure_block_hashes(max_blocks, bs)
         pool = self.pool
@@ -395,6 +395,39 @@ class KVCacheManager:
         if hits and self.drop_last_hit_block:
             hits.pop()
         return hits, len(hits) * bs
+
+    def _own_hits(self, request: Request, max_blocks: int, taken) -> list[Block]:
+        """Prefix hits of a request whose content is unique to it: only its own full blocks, freed by a preemption
+        and not handed out since (still free, same free-queue entry, not in ``taken``), can hit; at most
+        ``max_blocks``, less the last with ``drop_last_hit_block``."""
+        prev = request.prev_blocks
+        hits = []
+        if prev:
+            blocks, seqs = prev
+            rc = self.pool.ref_cnt
+            fs = self.pool.free_seq
+            for i in range(min(max_blocks, len(seqs))):
+                b = blocks[i]
+                if rc[b] or fs[b] != seqs[i] or b in taken:
+                    break
+                hits.append(b)
+        if hits and self.drop_last_hit_block:
+            hits.pop()
+        return hits
+
+    def own_hit_after(self, request: Request, num_taken: int) -> int | None:
+        """The prefix-hit tokens :meth:`get_computed_blocks` gives ``request`` once ``num_taken`` more blocks have
+        been taken from the free queue's head (the decodes a schedule allocates before admitting it), for content
+        unique to it (its own blocks freed by a preemption); None for content others may share."""
+        if not self.enable_prefix_caching:
+            return 0
+        if not unique_content(request):
+            return None
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        if max_blocks <= 0 or request.prev_blocks is None:
+            return 0
+        taken = set(self.pool.free_queue.peek(num_taken)) if num_taken else ()
+        return len(self._own_hits(request, max_blocks, taken)) * self.block_size
 
     def allocate_slots(
         self,

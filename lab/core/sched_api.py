@@ -239,6 +239,9 @@ class Scheduler(Protocol):
     def admits_chunk(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
                      num_free_blocks: int, num_waiting: int) -> tuple[int, int] | None: ...
 
+    def admits_resumed(self, engine: EngineView, request: Request, num_hit_tokens: int, num_running: int,
+                       num_scheduled_tokens: int, num_free_blocks: int, num_waiting: int) -> bool: ...
+
     def running_chunk(self, engine: EngineView, request: Request, num_computed_tokens: int,
                       num_scheduled_tokens: int) -> int | None: ...
 
@@ -317,6 +320,15 @@ class SchedulerBase:
         admitted before it), and ``num_free_blocks`` free KV blocks after their allocations. A fast-forward jump
         goes on through such an admission only when this says True (lab/engine/fastforward.py); answer True only
         when sure, False when the request would wait, be chunked, or the policy cannot tell. Default: False."""
+        return False
+
+    def admits_resumed(self, engine: EngineView, request: Request, num_hit_tokens: int, num_running: int,
+                       num_scheduled_tokens: int, num_free_blocks: int, num_waiting: int) -> bool:
+        """:meth:`admits_whole` for a request preempted before (recompute) whose prefix hit at this schedule is
+        known: ``num_hit_tokens`` tokens of its own freed blocks, still free after the schedule's decodes took
+        theirs (``KVCacheManager.own_hit_after``), so that it computes the rest of its sequence
+        (``request.num_tokens - num_hit_tokens`` tokens) in this step. A fast-forward jump may start with such an
+        admission only when this says True; answer True only when sure. Default: False."""
         return False
 
     def admits_chunk(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,

@@ -374,8 +374,21 @@ def _cut_at_schedule_zero(inst, running: list, check_head: bool) -> bool:
     if not _walks_queue(inst, running):
         return True
     left = len(inst.waiting)
-    return not (scheduler.admits_whole(inst, head, n, num_decodes, avail, left)
-                or scheduler.admits_chunk(inst, head, n, num_decodes, avail, left) is not None)
+    if (scheduler.admits_whole(inst, head, n, num_decodes, avail, left)
+            or scheduler.admits_chunk(inst, head, n, num_decodes, avail, left) is not None):
+        return False
+    hit = _resumed_hit(inst, head, crossing)
+    return hit is None or not scheduler.admits_resumed(inst, head, hit, n, num_decodes, avail, left)
+
+
+def _resumed_hit(inst, head, num_taken: int) -> int | None:
+    """The prefix-hit tokens of the waiting ``head``, preempted before (recompute) under prefix caching, at
+    schedule 0 once its decodes have taken ``num_taken`` blocks from the free queue (its own freed blocks still
+    free then: ``KVCacheManager.own_hit_after``); None for any other head (its hit is none, or not its own)."""
+    kv = inst.kv
+    if head.prev_blocks is None or not kv.enable_prefix_caching or head.num_computed_tokens:
+        return None
+    return kv.own_hit_after(head, num_taken)
 
 
 def _walks_queue(inst, running: list) -> bool:
@@ -813,7 +826,9 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
         free = walk.avail - (walk.chunk_blocks(rest[1]) if rest else 0)
         if free < 0:
             return  # that chunk's blocks would preempt
-        got = _heads_admitted(inst, heads, m, len(ad.alive), scheduled, free, len(waiting) - m)
+        # schedule 0's first head, preempted before: its own blocks still free after the decodes' are its hit
+        first_hit = _resumed_hit(inst, heads[0], ad.free - walk.avail) if j == 0 and m == 0 else None
+        got = _heads_admitted(inst, heads, m, len(ad.alive), scheduled, free, len(waiting) - m, first_hit)
         if got is None:
             return
         taken, last_chunk = got
@@ -821,7 +836,8 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
             return  # two prompts part-way done
         if taken or rest:
             first = len(a.c0)
-            if not ad.admit(a, heads[m:m + taken], j, a.made_at(j), walk.decoders(j), last_chunk, rest or None):
+            if not ad.admit(a, heads[m:m + taken], j, a.made_at(j), walk.decoders(j), last_chunk, rest or None,
+                            first_hit if taken else None):
                 return
             if rest:
                 walk.chunk_done(rest[1])
@@ -887,7 +903,7 @@ class _QueueWalk:
         from the next schedule, or, for a prompt chunked (the last), once its rest is done (:meth:`chunk_done`)."""
         a = self.a
         for i in participants:
-            self.avail -= -(-a.alloc0[i] // self.bs)
+            self.avail -= -(-(a.c0[i] + a.alloc0[i]) // self.bs)
             if sum(a.chunks[i]) < a.first_tokens[i]:
                 self.pending = i
             else:
@@ -1051,14 +1067,16 @@ class _QueueWalk:
 
 
 def _heads_admitted(inst, heads: list, m: int, num_running: int, num_scheduled_tokens: int, num_free_blocks: int,
-                    num_waiting: int) -> tuple[int, int | None] | None:
+                    num_waiting: int, first_hit: int | None = None) -> tuple[int, int | None] | None:
     """How many of the waiting heads ``heads[m:]`` (service order; ``num_waiting`` wait from ``heads[m]`` on) a
     schedule admits before one it leaves blocked (0: the first stays blocked), by the scheduler's declared rules,
     and, when the budget chunks the last one's prompt, (tokens of its first chunk, tokens whose blocks its
     admission allocates) (None: every prompt whole);
     None when that is not certain: a head it cannot tell about, or the end of ``heads`` (the next request may
     arrive during the jump). A head preempted before (recompute) is admitted as any other: its whole prompt is
-    then its prompt and outputs so far."""
+    then its prompt and outputs so far; with ``first_hit`` (tokens), ``heads[m]`` is one whose own freed blocks
+    give it that prefix hit (:func:`_resumed_hit`), admitted by ``SchedulerBase.admits_resumed`` to compute the
+    rest."""
     scheduler = inst.scheduler
     kv = inst.kv
     cfg = inst.config
@@ -1067,13 +1085,21 @@ def _heads_admitted(inst, heads: list, m: int, num_running: int, num_scheduled_t
         if scheduler.head_stays_blocked(inst, head, num_running, num_scheduled_tokens, num_free_blocks):
             return taken, None
         left = num_waiting - taken
-        if not scheduler.admits_whole(inst, head, num_running, num_scheduled_tokens, num_free_blocks, left):
+        prompt = head.num_tokens
+        if not taken and first_hit is not None:
+            if not scheduler.admits_resumed(inst, head, first_hit, num_running, num_scheduled_tokens,
+                                            num_free_blocks, left):
+                return None
+            computed = prompt - first_hit
+        elif not scheduler.admits_whole(inst, head, num_running, num_scheduled_tokens, num_free_blocks, left):
             chunk = scheduler.admits_chunk(inst, head, num_running, num_scheduled_tokens, num_free_blocks, left)
             return None if chunk is None else (taken + 1, chunk)  # (the chunk takes the budget left)
-        prompt = head.num_tokens
+        else:
+            computed = prompt
+        # (a hit block leaves the free queue as a new block would: the whole sequence's blocks)
         num_free_blocks -= kv.blocks_to_admit(head, prompt, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
         num_running += 1
-        num_scheduled_tokens += prompt
+        num_scheduled_tokens += computed
         taken += 1
     return None
 
@@ -1107,23 +1133,30 @@ class _Admitting:
         return self.heap[0][0] if self.heap else None
 
     def admit(self, a: _Arrivals, reqs: list, j: int, at: float, decoders: list[int] | tuple[int, int],
-              last_chunk: tuple[int, int] | None = None, rest: tuple[int, int, int] | None = None) -> bool:
+              last_chunk: tuple[int, int] | None = None, rest: tuple[int, int, int] | None = None,
+              first_hit: int | None = None) -> bool:
         """Plan schedule j (made at ``at``) as the decodes of ``decoders`` (participants; or their count and Σ
         contexts, for a cost model that reads only those: ``uses_decode_list``), then ``rest`` (participant, tokens,
         tokens computed before: a chunk of a prompt part-way done, in the running phase), then the whole prompts of
         ``reqs`` (in admission order; the last computes only the first chunk ``last_chunk[0]`` when given, its
         admission allocating the blocks of ``last_chunk[1]`` tokens), priced as ``Instance.price_step`` prices it;
         add each of ``reqs`` as a participant (its schedules are completed when its prompt is done:
-        ``_QueueWalk``, or here for a whole prompt). False (nothing added) when under async its CPU work would
-        show."""
+        ``_QueueWalk``, or here for a whole prompt). ``first_hit``: ``reqs[0]`` computes its sequence after a
+        prefix hit of that many tokens (its own blocks, :func:`_resumed_hit`; whole, not chunked). False (nothing
+        added) when under async its CPU work would show."""
         inst = self.inst
         opt = inst.options
         async_ = self.async_
-        prompts = [r.num_tokens for r in reqs]
+        hit = first_hit or 0
+        prompts = [r.num_tokens for r in reqs]  # tokens each computes before its decodes
+        if hit:
+            prompts[0] -= hit
         news = list(prompts)
         if last_chunk is not None:
             news[-1] = last_chunk[0]
         contexts = [0] * len(news)
+        if hit:
+            contexts[0] = hit
         if rest is not None:
             news.insert(0, rest[1])
             contexts.insert(0, rest[2])
@@ -1157,14 +1190,15 @@ class _Admitting:
             chunked = last_chunk is not None and n == len(reqs) - 1
             left = r.stop_at - r.num_output_tokens  # (a request resumed after a preemption has some already)
             i = len(a.c0)
-            a.c0.append(0)
+            computed = hit if n == 0 else 0  # (its own blocks' tokens, hit: the first request's only)
+            a.c0.append(computed)
             a.rem.append(left)  # its outputs; its schedules once its prompt is done (finish_prompt)
             a.s0.append(j)
             a.first_tokens.append(prompt)
             a.chunks.append([last_chunk[0]] if chunked else [prompt])
             a.alloc0.append(last_chunk[1] if chunked else prompt)
             a.held.append(0)
-            a.base.append(-(-prompt // bs))
+            a.base.append(-(-(computed + prompt) // bs))  # (a hit block leaves the free queue as a new one)
             a.dfirst.append(0)
             a.fin.append(0)
             dbase.append(0)
@@ -1185,7 +1219,7 @@ class _Admitting:
         left = a.rem[i]
         a.rem[i] = left + k - 1
         a.dfirst[i] = j + k + (-prompt) % self.inst.kv.block_size
-        self.dbase[i] = prompt - j - k
+        self.dbase[i] = a.c0[i] + prompt - j - k
         self.d0[i] = j + k
         f = a.fin[i] = j + left + k - 2 + (1 if self.async_ else 0)
         heappush(self.heap, (f, i))
@@ -1766,8 +1800,12 @@ def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
     token comes at the end of the step that computes the prompt, if that is among the ``n_out`` steps applied
     (else the step is left in flight and gives it as any step does).
 
+    A head preempted before, under prefix caching, first looks up its own freed blocks (the hit the plan made
+    its computed tokens, ``computed0``).
+
     Raises:
-        RuntimeError: its blocks could not be allocated (the plan's KV accounting is wrong).
+        RuntimeError: its blocks could not be allocated, or its prefix hit is not the planned one (the plan's KV
+            accounting is wrong).
     """
     r = plan.reqs[i]
     at = plan.start if j == 0 else plan.ends_list[j - 1]
@@ -1778,9 +1816,17 @@ def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
         waiting.remove(r)
     gate = inst.config.scheduler_reserve_full_isl  # as allocate_waiting passes it (a check only: it holds)
     chunk = plan.chunks[i][0]
-    if not inst.kv.allocate_slots(r, chunk, full_sequence_must_fit=gate, num_reserved_tokens=plan.alloc0[i] - chunk):
+    kv = inst.kv
+    hits, num_hit = [], 0
+    if r.prev_blocks is not None and kv.enable_prefix_caching:  # its own blocks freed by its preemption
+        hits, num_hit = kv.get_computed_blocks(r)
+        if num_hit != plan.computed0[i]:
+            raise RuntimeError(f"fast-forward: planned admission of request {r.request_id} found a prefix hit of "
+                               f"{num_hit} tokens, planned {plan.computed0[i]}")
+    if not kv.allocate_slots(r, chunk, hits, num_hit, full_sequence_must_fit=gate,
+                             num_reserved_tokens=plan.alloc0[i] - chunk):
         raise RuntimeError(f"fast-forward: planned admission of request {r.request_id} found no KV blocks")
-    inst.admit(r, 0, at)
+    inst.admit(r, num_hit, at)
     inst.num_planned_admissions += 1
     if r.first_scheduled_time is None:
         r.first_scheduled_time = at
