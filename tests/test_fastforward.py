@@ -120,7 +120,7 @@ def test_an_unchunked_prompt_with_a_prefix_hit_is_not_taken_for_blocked_by_the_b
                 engine={"max_model_len": 512})
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=request_spec, version=st.sampled_from(["0.33", "0.11"]), blocks=st.sampled_from([40, 60, 120]),
        seqs=st.sampled_from([2, 4, 16]), preemption=st.sampled_from(["recompute", "swap"]))
 def test_fast_forward_equals_step_by_step_without_chunked_prefill(spec, version, blocks, seqs, preemption):
