@@ -23,14 +23,14 @@ ROW_BUDGET = 1 << 16
 # Rows a whole run's full logs hold in memory at most, shared by its instances (each holds at least ROW_BUDGET):
 # about 117 MB. A run that fits never spills, so it never loads pyarrow (~0.5 s and ~80 MB of the process).
 RUN_ROW_BUDGET = 1 << 20
+# A summarized log folds its rows into the totals this often (the rows are needed for nothing else).
+SUMMARY_ROWS = 1 << 12
 
 
 def rows_per_log(num_instances: int) -> int:
     """Rows each of ``num_instances`` full step logs holds before spilling: the run's budget shared evenly, at
     least :data:`ROW_BUDGET` (so 16 instances or more hold ROW_BUDGET each)."""
     return max(ROW_BUDGET, RUN_ROW_BUDGET // max(num_instances, 1))
-# A summarized log folds its rows into the totals this often (the rows are needed for nothing else).
-SUMMARY_ROWS = 1 << 12
 
 
 class ExactSum:

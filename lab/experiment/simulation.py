@@ -29,7 +29,7 @@ from lab.costmodel.parallel import Parallelism
 from lab.costmodel.roofline import Efficiency, RooflineCostModel
 from lab.costmodel.speculative import Drafter
 from lab.experiment import speculative as spec_setup
-from lab.core.step_log import StepLog, rows_per_log
+from lab.core.step_log import ROW_BUDGET, StepLog, rows_per_log
 from lab.engine.fastforward import KnownArrivals
 from lab.engine.instance import EngineOptions, Instance
 from lab.core.kv_cache import KVCacheManager
@@ -665,7 +665,7 @@ class _RunSettings:
     record_breakdown: bool
     horizon: float | None
     summary_steps: bool = False  # output.step_log: summary (no per-step rows, only totals)
-    rows_per_log: int = 1 << 16  # rows a spilling log holds (step_log.rows_per_log of the run's instance count)
+    rows_per_log: int = ROW_BUDGET  # rows a spilling log holds (step_log.rows_per_log of the run's instance count)
 
 
 def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, run: _RunSettings,
