@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.servelab-installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean bytecode
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,13 +16,19 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The project's bytecode, written as pip writes it for a wheel install (an editable install writes none, and with
+# PYTHONDONTWRITEBYTECODE set every process would compile the ~640 kB of source it imports: ~0.35 s a process).
+# compileall skips the files whose bytecode is up to date, so this costs ~0.1 s when nothing changed.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q lab policies
+
+demo: bytecode
 	$(BIN)/servelab run experiments/demo.yaml
 
-test: $(STAMP)
+test: bytecode
 	$(BIN)/python -m pytest
 
-bench: $(STAMP)
+bench: bytecode
 	$(BIN)/servelab bench
 
 clean:
