@@ -118,6 +118,12 @@ def pick_victim(running: list[Request], rule: str, requester: Request | None = N
     raise ValueError(f"unknown victim rule {rule!r}; expected one of {', '.join(VICTIM_RULES)}")
 
 
+def preemption_reason(request: Request, num_new_tokens: int, rule: str) -> str:
+    """The reason recorded with each victim preempted so that ``request`` gets KV slots for ``num_new_tokens``
+    tokens under victim ``rule``."""
+    return f"KV cache full: request {request.request_id} needed slots for {num_new_tokens} token(s); victim rule {rule}"
+
+
 def allocate_or_preempt(engine: EngineView, out: SchedulerOutput, request: Request, num_new_tokens: int,
                         rule: str, num_lookahead_tokens: int = 0) -> tuple[bool, int]:
     """Allocate KV slots for a running request, preempting victims chosen by ``rule`` until it fits.
@@ -133,8 +139,7 @@ def allocate_or_preempt(engine: EngineView, out: SchedulerOutput, request: Reque
     while not kv.allocate_slots(request, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens):
         victim = pick_victim(engine.running, rule, request)
         refunded += out.remove(victim)
-        engine.preempt(victim, reason=f"KV cache full: request {request.request_id} needed slots for "
-                                      f"{num_new_tokens} token(s); victim rule {rule}")
+        engine.preempt(victim, reason=preemption_reason(request, num_new_tokens, rule))
         out.preempted.append(victim)
         if victim is request:
             return False, refunded

@@ -14,8 +14,8 @@ from __future__ import annotations
 from lab.core.kv_cache import unique_content
 from lab.core.request import Request, RequestStatus
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerOutput
-from policies.common import (allocate_or_preempt, allocate_waiting, lookup, next_waiting, resolve_victim_rule,
-                             schedule_drafts, start_cpu_load, take_waiting)
+from policies.common import (allocate_or_preempt, allocate_waiting, lookup, next_waiting, preemption_reason,
+                             resolve_victim_rule, schedule_drafts, start_cpu_load, take_waiting)
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -166,6 +166,22 @@ class VLLMV1Scheduler(SchedulerBase):
                 if r.num_spec_tokens:
                     schedule_drafts(out, r, n)
         return budget
+
+    def decode_preemption_reason(self, engine: EngineView, requester: Request) -> str | None:
+        """:meth:`schedule`'s preemption in a schedule whose phase 1 only decodes (see
+        :meth:`SchedulerBase.decode_preemption_reason`): with the ``last`` victim rule (``auto`` with an FCFS
+        queue), recompute preemption and victims put back at the head of the waiting queue, phase 1 preempts the
+        last running request until the decode fits (:func:`policies.common.allocate_or_preempt`) and phase 2 does
+        not run. None for any other rule, swap preemption, requeue at the tail, and for a subclass with a phase 1
+        or a ``schedule`` of its own."""
+        cls = type(self)
+        if cls.schedule is not VLLMV1Scheduler.schedule or cls.schedule_running is not VLLMV1Scheduler.schedule_running:
+            return None
+        cfg = engine.config
+        if (resolve_victim_rule(engine) != "last" or cfg.preemption_mode != "recompute"
+                or cfg.preemption_requeue == "tail"):
+            return None
+        return preemption_reason(requester, 1, "last")
 
     def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_scheduled_tokens: int,
                            num_free_blocks: int) -> bool:

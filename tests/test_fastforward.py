@@ -149,6 +149,27 @@ def test_a_jump_starts_with_the_resumption_of_a_preempted_head(monkeypatch, vers
     assert resumed and sum(i.num_preemptions for i in res.instances) > 0
 
 
+@pytest.mark.parametrize("version", ["0.33", "0.11"])
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_jump_starts_with_the_preemptions_of_its_first_schedule(monkeypatch, version, caching):
+    """Overloaded, KV full: a decode of schedule 0 finds no free block, so vLLM V1 preempts the last running
+    requests (decode_preemption_reason); the jump starts with those preemptions and goes on with their victims at
+    the head of the queue (sync and async; own freed blocks hittable or not)."""
+    from lab.engine import fastforward
+
+    planned: list[int] = []
+    preempt = fastforward._preempt_planned
+
+    def counted(inst, plan, before):
+        planned.append(sum(1 for kept, _, _ in plan.victims if kept == before))
+        preempt(inst, plan, before)
+
+    monkeypatch.setattr(fastforward, "_preempt_planned", counted)
+    spec = [(0.001, 150 + 7 * i % 90, 60 + 13 * i % 70, None) for i in range(40)]
+    res = assert_same(spec, version=version, blocks=60, seqs=16, caching=caching)
+    assert 0 < sum(planned) <= sum(i.num_preemptions for i in res.instances)
+
+
 def test_a_resumed_head_whose_freed_blocks_the_decodes_take_first_hits_less():
     """Right after a preemption the victim's freed blocks can be the free queue's first: schedule 0's decodes then
     take some before the victim is resumed, and its prefix hit is what is left (found by a random search; a plan

@@ -245,6 +245,8 @@ class Scheduler(Protocol):
     def running_chunk(self, engine: EngineView, request: Request, num_computed_tokens: int,
                       num_scheduled_tokens: int) -> int | None: ...
 
+    def decode_preemption_reason(self, engine: EngineView, requester: Request) -> str | None: ...
+
 
 class SchedulerBase:
     """Base class of every scheduling policy: it declares the capabilities the engine reads, with safe defaults.
@@ -346,6 +348,17 @@ class SchedulerBase:
         ``num_computed_tokens`` of ``request.num_tokens`` computed, after every other running request), after
         ``num_scheduled_tokens`` tokens of the requests scheduled before it; None when it would give none or the
         policy cannot tell. Default: None."""
+        return None
+
+    def decode_preemption_reason(self, engine: EngineView, requester: Request) -> str | None:
+        """How a schedule whose running phase only decodes (each running request computes one token, in
+        running-list order, and none asked for lookahead slots) preempts when a decode finds no free KV block, if
+        it preempts as vLLM V1 does with its ``last`` victim rule: the last request of the running list is
+        preempted (:meth:`EngineView.preempt`, recompute, put back at the head of the waiting queue), again until
+        ``requester``'s block fits or ``requester`` is preempted itself, the decodes after it go on the same way,
+        and the schedule then admits nothing. Returns the reason passed to :meth:`EngineView.preempt` for each
+        victim (the same text a real schedule records), or None when the policy preempts otherwise or cannot
+        tell. A fast-forward jump may start with such a schedule only when this gives a reason. Default: None."""
         return None
 
 

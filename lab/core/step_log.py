@@ -240,6 +240,11 @@ class StepLog:
         c_slot.extend(zeros if slots == 1 else [(len(self) - n + i) % slots for i in range(n)])
         c_stage.extend(durations)
 
+    def set_preempted(self, rows_back: int, count: int) -> None:
+        """Set the preemptions of the row ``rows_back`` rows from the end (1: the last) to ``count`` (a
+        fast-forward jump's schedule that preempted; :meth:`extend` writes 0)."""
+        self.cols["num_preempted"][-rows_back] = count
+
     def add_waiting(self, count: int) -> None:
         """Count ``count`` more waiting requests in the last row (arrivals during a fast-forward jump's last step)."""
         self.cols["num_waiting"][-1] += count

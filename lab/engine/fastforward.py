@@ -14,13 +14,14 @@ starts with the step in flight, which must run every request with each sampling 
 prompt chunk is in it gets its first token there, and one that sat out the step before (re-computing its tokens
 after a preemption, or back from swap) its next token, whose ITL sample runs from its previous token.
 
-A jump stops before the first schedule whose new blocks would exceed the free blocks (a preemption; the blocks
-completions free count from the next schedule on) and at the horizon. When requests are waiting, a completion frees
-blocks and a ``max_num_seqs`` slot, so the next schedule may admit the waiting head: the scheduler's declared
-admission rule (``SchedulerBase.head_stays_blocked``, given the running count, the next schedule's decodes and its
-free blocks after their allocations) says whether the jump goes on through it; otherwise (or for a policy that
-cannot tell) the jump ends right after that completion. An arrival during a jump materialises the steps completed
-by then and the step under way continues normally. ``simulation.fast_forward: false`` turns it off.
+A jump stops before the first schedule after its first whose new blocks would exceed the free blocks (a
+preemption; the blocks completions free count from the next schedule on) and at the horizon. When requests are
+waiting, a completion frees blocks and a ``max_num_seqs`` slot, so the next schedule may admit the waiting head:
+the scheduler's declared admission rule (``SchedulerBase.head_stays_blocked``, given the running count, the next
+schedule's decodes and its free blocks after their allocations) says whether the jump goes on through it; otherwise
+(or for a policy that cannot tell) the jump ends right after that completion. An arrival during a jump materialises
+the steps completed by then and the step under way continues normally. ``simulation.fast_forward: false`` turns it
+off.
 
 The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds these cases, all exact:
 
@@ -43,6 +44,13 @@ The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds these cas
   (``admits_chunk``) whose next chunks come in the running phase of the schedules after (``running_chunk``). Each
   such schedule is planned as the engine prices it, and the next one is checked the same way (the budget is whole
   again). The jump ends at the first schedule whose decision is not certain, which is then a real one.
+- A jump may start with a schedule whose decodes run out of KV blocks, when the scheduler declares how it then
+  preempts (``SchedulerBase.decode_preemption_reason``: vLLM V1's ``last`` victim rule, recompute): the decodes
+  take their blocks in running order, one that finds none free preempts the last running requests until it fits
+  (:func:`_decode_victims`), and the schedule admits nothing. The victims then head the queue, and the walk through
+  the queue checks the next schedule on. The jump's apply makes the preemptions at their place among schedule 0's
+  block operations (:func:`_preempt_planned`), so the blocks handed out are the engine's; a victim's token from
+  the step in flight (async) is dropped, as the engine drops it.
 
 With nothing waiting and the instance's arrivals known in advance (``Instance.known_arrivals``: an open-loop stream
 on one instance or behind round robin, no front end), a jump also goes on through arrivals (:func:`_through_arrivals`):
@@ -58,6 +66,7 @@ jumps against step-by-step simulation too.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
+from contextlib import contextmanager
 from heapq import heapify, heappop, heappush
 from itertools import accumulate, islice, repeat
 
@@ -100,7 +109,8 @@ class Plan:
                  "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "earlier", "used", "finish_at",
                  "sizes", "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list",
                  "arrivals", "admit_after", "s0", "first_tokens", "admissions", "stops", "admitted_at", "wait_rows",
-                 "planned", "fin_sorted", "adm_sched", "from_queue", "chunks", "alloc0", "busy", "num_running")
+                 "planned", "fin_sorted", "adm_sched", "from_queue", "chunks", "alloc0", "busy", "num_running",
+                 "victims")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -124,6 +134,9 @@ class Plan:
         self.planned: set[int] = set()  # id() of the requests the jump admits
         self.from_queue = False  # they are the waiting queue's heads (_through_queue), not arrivals
         self.busy: set[int] = set()  # with from_queue: schedules that admit or compute a prompt chunk
+        # schedule 0's preemptions (_decode_victims), in order: (running participants before the decode that needs
+        # the block, victim, reason); the victims are not participants
+        self.victims: list[tuple[int, object, str]] = []
 
 
 def steady_batch(inst) -> bool:
@@ -162,7 +175,15 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     else:
         first = None
     waiting = bool(inst.waiting)
-    if _cut_at_schedule_zero(inst, running, check_head and waiting):
+    victims = None
+    cut = _cut_at_schedule_zero(inst, running, check_head and waiting)
+    if cut is _PREEMPTS:  # schedule 0 runs out of KV blocks: the jump may start with its preemptions
+        victims = _decode_victims(inst, running)
+        if not victims:
+            return None
+        running = running[:len(running) - len(victims)]  # (the victims are the running list's last requests)
+        waiting = True
+    elif cut:
         return None
     caching = kv.enable_prefix_caching
     computed0 = []
@@ -210,10 +231,13 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     if k < 2:
         return None
     # KV and, with requests waiting, admission at completions bound the jump (before pricing: often to 0 or 1)
-    k, admit_after = _bound(inst, inst.waiting.peek() if waiting else None, running, computed0, rem, fin, k, bs,
-                            len(kv.pool.free_queue), async_, check_head)
-    if k < 2 and admit_after != -1:  # (-1: schedule 0 admits the head; the walk through the queue may plan it)
-        return None
+    if victims:  # schedule 0 preempts and admits nothing; schedule 1 is checked (the walk through the queue)
+        k, admit_after = 1, 0
+    else:
+        k, admit_after = _bound(inst, inst.waiting.peek() if waiting else None, running, computed0, rem, fin, k, bs,
+                                len(kv.pool.free_queue), async_, check_head)
+        if k < 2 and admit_after != -1:  # (-1: schedule 0 admits the head; the walk through the queue may plan it)
+            return None
     k_bound = k
     # Step times of schedules 0..k-1. Request i takes part while j < rem[i], so with requests sorted by rem the
     # participants of schedule j are a suffix: counts, Σ contexts and the context range follow from suffix sums.
@@ -272,8 +296,8 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     # A long queue behind a blocked head: the jump may go on through the head's admissions (_through_queue)
     elif waiting and admit_after is not None and k == admit_after + 1 and _walks_queue(inst, running):
         arr = _through_queue(inst, running, computed0, rem, fin, dts, counts, ends_list, MAX_JUMP_STEPS, stop_time,
-                             pad_table, admit_after)
-        if arr.admissions:
+                             pad_table, admit_after, victims)
+        if arr.admissions or victims:  # (without admissions, _bound's plan goes as far; not so after preemptions)
             dts, counts, ends_list = np.array(arr.dts), np.array(arr.counts, dtype=np.int64), arr.ends
             k = len(arr.dts)
             admit_after = arr.admit_after
@@ -310,7 +334,8 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     p.first = first
     p.async_ = async_
     p.sizes = sizes
-    p.num_waiting = len(inst.waiting)
+    p.num_waiting = len(inst.waiting) + (len(victims) if victims else 0)
+    p.victims = victims or []
     p.new_first = new_first
     p.earlier = earlier
     # requests whose content is unique register nothing anyone can hit: only their count of full blocks matters,
@@ -322,6 +347,9 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
         _admission_events(p, n_run, k, bs)
     else:
         p.events = _block_events(computed0, rem, k, bs, async_, caching, unique)
+    if victims:
+        p.events += {(0, before, -1) for before, _, _ in victims}  # (kind -1: before that decode's block)
+        p.events.sort()
     # completions by step: step q -> positions finishing at its output, in batch order
     finish_at: dict[int, list[int]] = {}
     for i, f in enumerate(fin):
@@ -342,14 +370,18 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     return p
 
 
-def _cut_at_schedule_zero(inst, running: list, check_head: bool) -> bool:
+_PREEMPTS = "preempts"  # _cut_at_schedule_zero: schedule 0 runs out of KV blocks
+
+
+def _cut_at_schedule_zero(inst, running: list, check_head: bool) -> bool | str:
     """Whether schedule 0 of a jump already ends it, by the tests :func:`_bound` makes first, in one cheap pass over
     the batch before the plan's own: it runs out of KV blocks (each decode whose context fills its last block
-    takes one: it preempts), or, with ``check_head``, the scheduler's rule admits the waiting head given the
-    running count, the decodes (under async a request whose last token is in flight sits the schedule out) and the
-    free blocks after their allocations, and that admission is not one a jump can start with (the walk through
-    the queue, :func:`_through_queue`, is not allowed here, or the rule cannot tell how it admits the head). Without
-    ``check_head`` and with a block free per request, nothing to test.
+    takes one: it preempts; ``_PREEMPTS`` is returned, :func:`_decode_victims` may plan it), or, with
+    ``check_head``, the scheduler's rule admits the waiting head given the running count, the decodes (under async
+    a request whose last token is in flight sits the schedule out) and the free blocks after their allocations,
+    and that admission is not one a jump can start with (the walk through the queue, :func:`_through_queue`, is not
+    allowed here, or the rule cannot tell how it admits the head). Without ``check_head`` and with a block free per
+    request, nothing to test.
     """
     free = len(inst.kv.pool.free_queue)
     if not check_head and free >= len(running):
@@ -363,7 +395,7 @@ def _cut_at_schedule_zero(inst, running: list, check_head: bool) -> bool:
                 crossing += 1
     avail = free - crossing
     if avail < 0:
-        return True
+        return _PREEMPTS
     if not check_head:
         return False
     head = inst.waiting.peek()
@@ -379,6 +411,39 @@ def _cut_at_schedule_zero(inst, running: list, check_head: bool) -> bool:
         return False
     hit = _resumed_hit(inst, head, crossing)
     return hit is None or not scheduler.admits_resumed(inst, head, hit, n, num_decodes, avail, left)
+
+
+def _decode_victims(inst, running: list) -> list[tuple[int, object, str]] | None:
+    """Schedule 0's preemptions when its decodes run out of KV blocks, as the scheduler declares them
+    (``SchedulerBase.decode_preemption_reason``): the decodes take their blocks in running order; one that finds
+    none free preempts the last running request (its blocks, each held by it alone, go back to the free queue),
+    again until its block fits or it is preempted itself. Returns, in preemption order, (running requests kept
+    before that decode, victim, reason); the victims are the running list's last requests. None when a jump may
+    not start so: the scheduler preempts otherwise, or the walk through the queue that must follow
+    (:func:`_through_queue`) is not allowed."""
+    if not _walks_queue(inst, running) or inst.kv_offload is not None:
+        return None
+    scheduler = inst.scheduler
+    bs = inst.kv.block_size
+    free = len(inst.kv.pool.free_queue)
+    last = len(running) - 1  # the last request not preempted
+    victims: list[tuple[int, object, str]] = []
+    for i, r in enumerate(running):
+        if i > last:
+            break
+        if r.stop_at - r.num_output_tokens - r.num_output_placeholders > 0 and not r.num_computed_tokens % bs:
+            while free < 1 and i <= last:
+                reason = scheduler.decode_preemption_reason(inst, r)
+                if reason is None:
+                    return None
+                victim = running[last]
+                victims.append((i, victim, reason))
+                free += len(victim.blocks)
+                last -= 1
+            if i > last:  # it preempted itself
+                break
+            free -= 1
+    return victims
 
 
 def _resumed_hit(inst, head, num_taken: int) -> int | None:
@@ -773,7 +838,7 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
 
 def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fin: list[int], dts: np.ndarray,
                    counts: np.ndarray, ends: list[float], cap: int, stop_time: float, pad_table: np.ndarray,
-                   after: int) -> _Arrivals:
+                   after: int, victims: list | None = None) -> _Arrivals:
     """Extend a planned stretch of decodes that ends with the completion at step ``after`` (``dts``, ``counts``,
     ``ends``: schedules 0..after; ``after`` = -1: none, schedule 0 is the first checked, when something changed
     since the last schedule that showed the head blocked) through admissions of the waiting queue's heads, while
@@ -793,32 +858,61 @@ def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fi
     completions), so a schedule costs what changes in it, not the batch size; it prices stretches of decodes with
     the cost model's steady form (a cost model without one leaves them to real schedules) and adds CPU work as
     ``Instance.price_step`` does (under async, a schedule whose CPU work would show ends the walk). Arrivals
-    during the jump queue behind heads it does not admit (:func:`absorb_arrival`)."""
-    a, ad = _admitting(inst, running, computed0, rem, fin, dts, counts, ends)
+    during the jump queue behind heads it does not admit (:func:`absorb_arrival`). ``victims``: schedule 0's
+    preemptions (:func:`_decode_victims`; ``running`` is then the requests it keeps): their blocks are free from
+    schedule 0 on and they wait at the queue's head, the last preempted first."""
+    freed = sum(len(v.blocks) for _, v, _ in victims) if victims else 0
+    a, ad = _admitting(inst, running, computed0, rem, fin, dts, counts, ends, freed)
     a.hint = float("inf")  # arrivals join the back of the queue: they do not size the jump
     a.admit_after = after
     j = after + 1
     decoders, avail = ad.at_schedule(a, j)
     walk = _QueueWalk(inst, a, ad, j, decoders, avail, pad_table)
-    _walk_queue(inst, a, ad, walk, j, cap, stop_time)
+    front = [v for _, v, _ in reversed(victims or ())]
+    with _as_preempted(front):
+        _walk_queue(inst, a, ad, walk, j, cap, stop_time, front)
     walk.close()
     return a
 
 
-def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, cap: int, stop_time: float) -> None:
+@contextmanager
+def _as_preempted(victims: list):
+    """While the walk through the queue asks the scheduler's admission rules about schedule 0's victims (not
+    preempted yet: the jump's apply preempts them), give them the state ``Instance.preempt`` leaves (recompute):
+    waiting, nothing computed or in flight, no blocks held, their own freed blocks remembered (a rule reads only
+    that there are some); restored afterwards."""
+    saved = [(r.status, r.num_computed_tokens, r.num_output_placeholders, r.blocks, r.num_cached_blocks,
+              r.prev_blocks) for r in victims]
+    try:
+        for r in victims:
+            if unique_content(r):
+                r.prev_blocks = (r.blocks, [])
+            r.status, r.num_computed_tokens, r.num_output_placeholders = RequestStatus.PREEMPTED, 0, 0
+            r.blocks, r.num_cached_blocks = [], 0
+        yield
+    finally:
+        for r, state in zip(victims, saved):
+            (r.status, r.num_computed_tokens, r.num_output_placeholders, r.blocks, r.num_cached_blocks,
+             r.prev_blocks) = state
+
+
+def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, cap: int, stop_time: float,
+                front: list) -> None:
     """:func:`_through_queue`'s walk from check point ``j`` (the schedule after a completion or an admission)
-    until the first schedule that is not certain; it sets ``a.admit_after``."""
+    until the first schedule that is not certain; it sets ``a.admit_after``. ``front``: requests queued ahead of
+    the waiting queue by the jump's schedule 0 (its victims)."""
     waiting = inst.waiting
-    heads = waiting.first(_QUEUE_HEADS)
+    num_waiting = len(waiting) + len(front)
+    heads = front + waiting.first(_QUEUE_HEADS)
     m = 0  # heads admitted
     while True:
         # check point j; the walk's state is schedule j's (its decodes' blocks taken)
         if j >= cap or a.made_at(j) >= stop_time or walk.avail < 0:
             return  # (a negative margin: schedule j preempts)
-        if len(ad.alive) + len(waiting) - m <= 1:
+        if len(ad.alive) + num_waiting - m <= 1:
             return  # whether anything else runs or waits (arrivals may join) can change the admission rule
         if m + _QUEUE_HEADS // 2 >= len(heads):
-            heads = waiting.first(4 * len(heads))
+            heads = front + waiting.first(4 * (len(heads) - len(front)))
         rest = walk.rest(j)  # a chunk of a prompt part-way done, in the running phase
         if rest is False:
             return
@@ -828,7 +922,7 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
             return  # that chunk's blocks would preempt
         # schedule 0's first head, preempted before: its own blocks still free after the decodes' are its hit
         first_hit = _resumed_hit(inst, heads[0], ad.free - walk.avail) if j == 0 and m == 0 else None
-        got = _heads_admitted(inst, heads, m, len(ad.alive), scheduled, free, len(waiting) - m, first_hit)
+        got = _heads_admitted(inst, heads, m, len(ad.alive), scheduled, free, num_waiting - m, first_hit)
         if got is None:
             return
         taken, last_chunk = got
@@ -1243,9 +1337,10 @@ def _aggregate_shape(num_decodes: int, decode_sum: int, news: list[int], context
 
 
 def _admitting(inst, running: list, computed0: list[int], rem: list[int], fin: list[int], dts: np.ndarray,
-               counts: np.ndarray, ends: list[float]) -> tuple[_Arrivals, _Admitting]:
+               counts: np.ndarray, ends: list[float], freed: int = 0) -> tuple[_Arrivals, _Admitting]:
     """A planned stretch of decodes of ``running`` (``dts``, ``counts``, ``ends``) as the start of a jump to be
-    extended through admissions: the participants so far (the running requests) and their bookkeeping."""
+    extended through admissions: the participants so far (the running requests) and their bookkeeping;
+    ``freed``: blocks schedule 0's preemptions free."""
     n_run = len(running)
     bs = inst.kv.block_size
     a = _Arrivals()
@@ -1266,7 +1361,7 @@ def _admitting(inst, running: list, computed0: list[int], rem: list[int], fin: l
     ad.heap = [(f, i) for i, f in enumerate(fin)]
     heapify(ad.heap)
     ad.freed = 0
-    ad.free = len(inst.kv.pool.free_queue)
+    ad.free = len(inst.kv.pool.free_queue) + freed
     ad.dbase = list(computed0)  # participant i's decode at schedule j has context dbase[i] + j
     ad.d0 = [0] * n_run  # its first decode schedule
     ad.async_ = inst.async_scheduling
@@ -1596,7 +1691,8 @@ def step_for(plan: Plan, j: int) -> ScheduledStep:
     shape.padded_tokens = padded_size(plan.sizes, B)
     at = plan.start if j == 0 else plan.ends_list[j - 1]
     used = plan.used[j] if j < len(plan.used) else 0
-    return ScheduledStep(reqs, [1] * B, [True] * B, shape, [float(plan.dts[j])], at, used, 0)
+    return ScheduledStep(reqs, [1] * B, [True] * B, shape, [float(plan.dts[j])], at, used,
+                         0 if j else len(plan.victims))
 
 
 def _step_with_admissions(plan: Plan, j: int) -> ScheduledStep:
@@ -1625,7 +1721,7 @@ def _step_with_admissions(plan: Plan, j: int) -> ScheduledStep:
     shape.padded_tokens = padded_size(plan.sizes, shape.num_tokens)
     at = plan.start if j == 0 else plan.ends_list[j - 1]
     used = plan.used[j] if j < len(plan.used) else 0
-    return ScheduledStep(reqs, news, samples, shape, [float(plan.dts[j])], at, used, 0)
+    return ScheduledStep(reqs, news, samples, shape, [float(plan.dts[j])], at, used, 0 if j else len(plan.victims))
 
 
 def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
@@ -1733,7 +1829,9 @@ def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> No
 def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
     """Bring the instance to the state after ``n_sched`` planned schedules and ``n_out`` completed steps, in the
     order the event loop would: schedule 0, step 0's output, schedule 1, step 1's output, ... Stretches without a
-    completion are applied in bulk (their outputs touch no KV block)."""
+    completion are applied in bulk (their outputs touch no KV block). Block operations come from ``plan.events``
+    (:func:`_block_events`, :func:`_admission_events`; kind -1: schedule 0's preemptions, right before the block of
+    the decode they make room for, :func:`_preempt_planned`)."""
     kv = inst.kv
     pool = kv.pool
     bs = kv.block_size
@@ -1762,9 +1860,8 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
             if j > j_prev:  # schedules without block operations in between
                 used.extend([cur] * (j - j_prev))
                 j_prev = j
-            r = reqs[i]
             if kind == 0:
-                r.blocks.append(pool.get_new_block())
+                reqs[i].blocks.append(pool.get_new_block())
                 cur += 1
             elif kind == 2:
                 _admit_planned(inst, plan, i, j, n_out)
@@ -1772,8 +1869,12 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
             elif kind == 3:
                 _rest_planned(inst, plan, i, j, n_out)
                 cur = usable - len(pool.free_queue)
+            elif kind == -1:
+                _preempt_planned(inst, plan, i)
+                cur = usable - len(pool.free_queue)
             else:
-                kv.register_full_blocks(r, (plan.computed0[i] + j + 1) // bs if not async_ else (plan.computed0[i] + j) // bs)
+                kv.register_full_blocks(reqs[i], (plan.computed0[i] + j + 1) // bs if not async_
+                                        else (plan.computed0[i] + j) // bs)
             ev_pos += 1
         if s_end > j_prev:
             used.extend([cur] * (s_end - j_prev))
@@ -1834,6 +1935,15 @@ def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
         _first_sample(inst, plan, r, j, n_out)
 
 
+def _preempt_planned(inst, plan: Plan, before: int) -> None:
+    """Schedule 0's preemptions for the decode after the first ``before`` running participants (the next one's
+    block, or its own preemption, comes after them), in order, as the scheduler makes them
+    (``Instance.preempt``: the victim's blocks freed, put back at the head of the waiting queue)."""
+    for kept, victim, reason in plan.victims:
+        if kept == before:
+            inst.preempt(victim, reason, at=plan.start)
+
+
 def _rest_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
     """Planned schedule ``j`` computes the next chunk of participant ``i``'s prompt, in the running phase as
     ``KVCacheManager.allocate_running`` allocates it: the blocks its tokens so far need beyond those its admission
@@ -1878,10 +1988,17 @@ def _effects(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         end = plan.ends_list[0]
         for i in plan.earlier:
             inst.itl.add(end - plan.reqs[i].last_token_time)
+        # schedule 0's victims were in the step in flight: their tokens from it are dropped (and no longer in
+        # flight), as Instance.finish_step drops the output of a request preempted meanwhile
+        victims = {id(v) for _, v, _ in plan.victims}
         if plan.new_first:
             for r in first.requests:
-                if r.first_token_time is None:
+                if r.first_token_time is None and id(r) not in victims:
                     record_first_token(r, end)
+        if victims:
+            for r, n in zip(first.requests, first.num_new_tokens):
+                if id(r) in victims:
+                    r.inflight_tokens -= n
         _finishes(inst, plan, 0, n_sched)
         q = 1
     last = q1 - 1
@@ -1915,7 +2032,7 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         first = plan.first
         end = ends[0]
         sh = first.shape
-        B = len(first.requests)
+        B = len(first.requests) - len(plan.victims)  # (a victim's token is dropped)
         same_gap = B - plan.new_first - len(plan.earlier)  # requests whose last token came at the jump's start
         if same_gap:
             inst.itl.add(end - plan.start, same_gap)
@@ -1975,6 +2092,8 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     inst.itl.extend_pairs(gaps, weights)
     steps.extend(st, ds, decodes, np.array(plan.used[q - off:q1 - off], dtype=float), running, waits, prefill,
                  batch, output)
+    if plan.victims and q <= off:  # the row of the step schedule 0 made
+        steps.set_preempted(q1 - off, len(plan.victims))
     # the steps' durations added one at a time, as the event loop adds them (cumsum is sequential)
     inst.busy_time = float(np.concatenate(([inst.busy_time], ds)).cumsum()[-1])
 

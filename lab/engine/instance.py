@@ -223,7 +223,9 @@ class Instance:
                 request.events.append((now, "resumed", swap_detail or (
                     f"recompute {request.num_tokens - num_computed_tokens} tokens (prefix hit {num_computed_tokens})")))
 
-    def preempt(self, request: Request, reason: str = "", requeue: str | None = None) -> None:
+    def preempt(self, request: Request, reason: str = "", requeue: str | None = None, at: float | None = None) -> None:
+        """:meth:`EngineView.preempt`; ``at``: the time of the schedule that preempts (seconds), when a fast-forward
+        jump applies it later (default: now)."""
         running = self.running
         if running and running[-1] is request:
             running.pop()
@@ -250,7 +252,7 @@ class Instance:
             how = (f"swap-out {request.swapped_tokens} tokens" if swapped else
                    f"recompute, {lost} computed tokens dropped"
                    + (" (CPU swap space full)" if self.config.preemption_mode == "swap" and lost > 0 else ""))
-            request.events.append((self.now, "preempted", f"{how}; {reason}" if reason else how))
+            request.events.append((self.now if at is None else at, "preempted", f"{how}; {reason}" if reason else how))
 
     def configure_swap(self, kv_bytes_per_token: float, pcie_bandwidth: float, swap_space_bytes: float) -> None:
         """Enable swap preemption's costs: KV bytes per token on one GPU, host-link bandwidth (B/s, one
