@@ -204,11 +204,11 @@ class StepLog:
     def extend(self, start: list, duration: list, decodes: list, used: list, running: int | list[int],
                waiting: int | list[int], prefill: list[int] | None = None, batch: list[int] | None = None,
                output: list[int] | None = None) -> None:
-        """Append rows of steps without preemptions or transfers (fast-forward): per row ``decodes`` requests
-        computing and sampling one token and, with ``prefill``, as many tokens of prompts (each request of
-        ``batch`` minus ``decodes`` computes its prompt or a chunk of it); ``output``: the requests that sample
-        (default: all of ``batch``); ``running``, ``waiting``: one count for every row, or one per row (a sequence
-        or a float array)."""
+        """Append rows of steps without transfers (fast-forward; a row's preemptions, 0 here, are set by
+        :meth:`set_preempted`): per row ``decodes`` requests computing and sampling one token and, with
+        ``prefill``, as many tokens of prompts (each request of ``batch`` minus ``decodes`` computes its prompt or a
+        chunk of it); ``output``: the requests that sample (default: all of ``batch``); ``running``, ``waiting``:
+        one count for every row, or one per row (a sequence or a float array)."""
         if self.bounded:
             self.maybe_spill()
         n = len(start)

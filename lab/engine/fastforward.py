@@ -75,7 +75,7 @@ import numpy as np
 from lab.core.batch import BatchShape, padded_size, padded_size_table
 from lab.core.kv_cache import unique_content
 from lab.core.outputs import record_first_token
-from lab.core.request import RequestStatus
+from lab.core.request import Request, RequestStatus
 from lab.core.step import ScheduledStep
 
 # Batch size from which _bound counts new blocks with numpy rather than a Python loop (measured crossover ~45).
@@ -136,7 +136,7 @@ class Plan:
         self.busy: set[int] = set()  # with from_queue: schedules that admit or compute a prompt chunk
         # schedule 0's preemptions (_decode_victims), in order: (running participants before the decode that needs
         # the block, victim, reason); the victims are not participants
-        self.victims: list[tuple[int, object, str]] = []
+        self.victims: list[tuple[int, Request, str]] = []
 
 
 def steady_batch(inst) -> bool:
@@ -177,7 +177,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     waiting = bool(inst.waiting)
     victims = None
     cut = _cut_at_schedule_zero(inst, running, check_head and waiting)
-    if cut is _PREEMPTS:  # schedule 0 runs out of KV blocks: the jump may start with its preemptions
+    if cut == _PREEMPTS:  # schedule 0 runs out of KV blocks: the jump may start with its preemptions
         victims = _decode_victims(inst, running)
         if not victims:
             return None
@@ -413,7 +413,7 @@ def _cut_at_schedule_zero(inst, running: list, check_head: bool) -> bool | str:
     return hit is None or not scheduler.admits_resumed(inst, head, hit, n, num_decodes, avail, left)
 
 
-def _decode_victims(inst, running: list) -> list[tuple[int, object, str]] | None:
+def _decode_victims(inst, running: list) -> list[tuple[int, Request, str]] | None:
     """Schedule 0's preemptions when its decodes run out of KV blocks, as the scheduler declares them
     (``SchedulerBase.decode_preemption_reason``): the decodes take their blocks in running order; one that finds
     none free preempts the last running request (its blocks, each held by it alone, go back to the free queue),
@@ -423,6 +423,11 @@ def _decode_victims(inst, running: list) -> list[tuple[int, object, str]] | None
     (:func:`_through_queue`) is not allowed."""
     if not _walks_queue(inst, running) or inst.kv_offload is not None:
         return None
+    async_ = inst.async_scheduling
+    for r in running:  # every request a decode, as the plan checks those it keeps (a victim too)
+        p, c, o = r.num_output_placeholders, r.num_computed_tokens, r.num_output_tokens
+        if (p != 1 or c != r.prompt_len + o) if async_ else (p or c != r.prompt_len + o - 1):
+            return None
     scheduler = inst.scheduler
     bs = inst.kv.block_size
     free = len(inst.kv.pool.free_queue)
@@ -443,7 +448,7 @@ def _decode_victims(inst, running: list) -> list[tuple[int, object, str]] | None
             if i > last:  # it preempted itself
                 break
             free -= 1
-    return victims
+    return victims if len(victims) < len(running) else None  # (a jump needs a request left running)
 
 
 def _resumed_hit(inst, head, num_taken: int) -> int | None:
@@ -880,7 +885,8 @@ def _as_preempted(victims: list):
     """While the walk through the queue asks the scheduler's admission rules about schedule 0's victims (not
     preempted yet: the jump's apply preempts them), give them the state ``Instance.preempt`` leaves (recompute):
     waiting, nothing computed or in flight, no blocks held, their own freed blocks remembered (a rule reads only
-    that there are some); restored afterwards."""
+    that there are some); restored afterwards. The waiting queue itself does not hold them meanwhile: the walk
+    passes the rules its length with them (``num_waiting``) and does not ask a rule that could read it short."""
     saved = [(r.status, r.num_computed_tokens, r.num_output_placeholders, r.blocks, r.num_cached_blocks,
               r.prev_blocks) for r in victims]
     try:
@@ -903,6 +909,8 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
     the waiting queue by the jump's schedule 0 (its victims)."""
     waiting = inst.waiting
     num_waiting = len(waiting) + len(front)
+    if front and len(ad.alive) + len(waiting) <= 1:
+        return  # a rule may read the queue's length, which does not hold the victims yet (it does not decide then)
     heads = front + waiting.first(_QUEUE_HEADS)
     m = 0  # heads admitted
     while True:
@@ -1939,8 +1947,8 @@ def _preempt_planned(inst, plan: Plan, before: int) -> None:
     """Schedule 0's preemptions for the decode after the first ``before`` running participants (the next one's
     block, or its own preemption, comes after them), in order, as the scheduler makes them
     (``Instance.preempt``: the victim's blocks freed, put back at the head of the waiting queue)."""
-    for kept, victim, reason in plan.victims:
-        if kept == before:
+    for at_decode, victim, reason in plan.victims:
+        if at_decode == before:
             inst.preempt(victim, reason, at=plan.start)
 
 
