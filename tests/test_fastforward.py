@@ -154,7 +154,8 @@ def test_a_jump_starts_with_the_resumption_of_a_preempted_head(monkeypatch, vers
 def test_a_jump_starts_with_the_preemptions_of_its_first_schedule(monkeypatch, version, caching):
     """Overloaded, KV full: a decode of schedule 0 finds no free block, so vLLM V1 preempts the last running
     requests (decode_preemption_reason); the jump starts with those preemptions and goes on with their victims at
-    the head of the queue (sync and async; own freed blocks hittable or not)."""
+    the head of the queue (sync and async; own freed blocks hittable or not), through their resumptions too: the
+    free queue's order (fastforward._FreeOrder) gives each its hit, what is left of its own freed blocks."""
     from lab.engine import fastforward
 
     planned: list[int] = []
@@ -165,9 +166,18 @@ def test_a_jump_starts_with_the_preemptions_of_its_first_schedule(monkeypatch, v
         preempt(inst, plan, before)
 
     monkeypatch.setattr(fastforward, "_preempt_planned", counted)
+    resumed: list[int] = []  # hits of the victims' resumptions planned in the same jump (prefix caching)
+    touch = fastforward._FreeOrder.touch
+
+    def touched(order, request, hit_blocks):
+        resumed.append(hit_blocks)
+        touch(order, request, hit_blocks)
+
+    monkeypatch.setattr(fastforward._FreeOrder, "touch", touched)
     spec = [(0.001, 150 + 7 * i % 90, 60 + 13 * i % 70, None) for i in range(40)]
     res = assert_same(spec, version=version, blocks=60, seqs=16, caching=caching)
     assert sum(planned) >= 10  # (of 24 preemptions: most are planned)
+    assert not caching or sum(1 for h in resumed if h) >= 3  # the jump goes on through victims' resumptions
     # the requests' lifecycle events too: each preemption's time and reason, each resumption
     ff_events = [r.events for r in res.requests]
     step_events = [r.events for r in run(False, spec, version=version, blocks=60, seqs=16, caching=caching)[3].requests]

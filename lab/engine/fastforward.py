@@ -873,11 +873,103 @@ def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fi
     j = after + 1
     decoders, avail = ad.at_schedule(a, j)
     walk = _QueueWalk(inst, a, ad, j, decoders, avail, pad_table)
+    if inst.kv.enable_prefix_caching and j <= 1 and (j == 0) != bool(victims):
+        walk.order = _free_order(inst, a, victims or [], j)
     front = [v for _, v, _ in reversed(victims or ())]
     with _as_preempted(front):
         _walk_queue(inst, a, ad, walk, j, cap, stop_time, front)
     walk.close()
     return a
+
+
+def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder:
+    """The free queue's order (:class:`_FreeOrder`) at the walk's first check point ``j`` (schedule 0, or 1 after
+    schedule 0's preemptions ``victims``): the runs of the waiting heads preempted before, found in the queue now,
+    then schedule 0's takes and preemptions in running order, the completions of step 0 and schedule 1's takes."""
+    kv = inst.kv
+    bs = kv.block_size
+    fq = kv.pool.free_queue
+    order = _FreeOrder(fq.n, kv.pool.prepend_unhashed)
+    heads = [h for h in inst.waiting.first(_QUEUE_HEADS) if h.prev_blocks is not None and unique_content(h)]
+    if heads:
+        _track_runs(order, kv, heads)
+    n_run = a.n_run
+    crossing = [a.dfirst[i] == 0 and a.rem[i] > 0 for i in range(n_run)]
+    if j == 0:
+        order.take(sum(crossing))
+        return order
+    for i in range(n_run + 1):
+        for before, v, _ in victims:
+            if before == i:
+                full = v.num_cached_blocks
+                order.free(len(v.blocks) - full, full, v)
+        if i < n_run and crossing[i]:
+            order.take(1)
+    async_ = inst.async_scheduling
+    for i in range(n_run):
+        if a.fin[i] == 0:  # (completions at step 0's output: _QueueWalk's first check point already freed them)
+            full = _full_blocks_at_end(a, i, bs, async_)
+            order.free(_blocks_at_end(a, i, bs) - full, full)
+    order.take(sum(1 for i in range(n_run) if a.fin[i] > 0 and a.rem[i] > 1 and (1 - a.dfirst[i]) % bs == 0
+                   and a.dfirst[i] <= 1))
+    return order
+
+
+def _track_runs(order: _FreeOrder, kv, heads: list) -> None:
+    """Find the live own blocks of ``heads`` (preempted, content unique to them) in the free queue, head first; a
+    head whose blocks are not one run of consecutive entries, last block first, or lie deep in the queue, is not
+    tracked (its hit is then not planned)."""
+    fq = kv.pool.free_queue
+    fs = kv.pool.free_seq
+    rc = kv.pool.ref_cnt
+    want: dict[int, tuple[object, int]] = {}  # block -> (head, index in its blocks)
+    live: dict[int, int] = {}
+    for h in heads:
+        blocks, seqs = h.prev_blocks
+        n = 0
+        while n < len(seqs) and not rc[blocks[n]] and fs[blocks[n]] == seqs[n]:
+            want[blocks[n]] = (h, n)
+            n += 1
+        live[id(h)] = n
+    found: dict[int, list[int]] = {}  # id(head) -> positions of its blocks 0..n-1
+    ids, seqs_q = fq.ids, fq.seqs
+    pos = 0
+    for q in range(fq.head, min(len(ids), fq.head + _RUN_SCAN)):
+        b = ids[q]
+        if fs[b] != seqs_q[q]:
+            continue  # a stale entry
+        hit = want.get(b)
+        if hit is not None:
+            found.setdefault(id(hit[0]), [-1] * live[id(hit[0])])[hit[1]] = pos
+        pos += 1
+    for h in heads:
+        n = live[id(h)]
+        where = found.get(id(h))
+        if not n or where is None or where != list(range(where[0], where[0] - n, -1)):
+            continue
+        order.track(h, where[-1], n)
+
+
+_RUN_SCAN = 4096  # free-queue entries _track_runs reads at most
+
+
+def _blocks_at_end(a: _Arrivals, i: int, bs: int) -> int:
+    """The blocks participant i holds when it completes (those it held, its admission's, its decodes' crossings)."""
+    top = a.s0[i] + a.rem[i]
+    first = a.dfirst[i]
+    return a.held[i] + a.base[i] + ((top - first + bs - 1) // bs if top > first else 0)
+
+
+def _full_blocks_at_end(a: _Arrivals, i: int, bs: int, async_: bool) -> int:
+    """Participant i's registered full blocks when it completes (``num_cached_blocks`` as :func:`_sync_counters`
+    sets it): computed tokens // block_size, one token less under async for a request past its prompt."""
+    m = a.rem[i]
+    if i < a.n_run:
+        c = a.c0[i] + m
+        return (c - 1) // bs if async_ else c // bs
+    k = len(a.chunks[i])
+    c = a.c0[i] + a.first_tokens[i] + m - k
+    return c // bs if m <= k or not async_ else (c - 1) // bs
 
 
 @contextmanager
@@ -929,7 +1021,12 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
         if free < 0:
             return  # that chunk's blocks would preempt
         # schedule 0's first head, preempted before: its own blocks still free after the decodes' are its hit
-        first_hit = _resumed_hit(inst, heads[0], ad.free - walk.avail) if j == 0 and m == 0 else None
+        if j == 0 and m == 0:
+            first_hit = _resumed_hit(inst, heads[0], ad.free - walk.avail)
+        elif walk.order is not None and m < len(heads) and heads[m].prev_blocks is not None:
+            first_hit = walk.order.hit(heads[m], inst.kv.block_size, inst.kv.drop_last_hit_block)
+        else:
+            first_hit = None
         got = _heads_admitted(inst, heads, m, len(ad.alive), scheduled, free, num_waiting - m, first_hit)
         if got is None:
             return
@@ -961,6 +1058,73 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
         walk.advance(j)
 
 
+class _FreeOrder:
+    """The free queue's order as a jump through the queue changes it, for the prefix hits of heads preempted under
+    prefix caching (their own freed full blocks, content unique to them). The queue is a stack of blocks freed to
+    its head (partial blocks, ``prepend_unhashed``: taken first) on top of the main sequence: the blocks free at the
+    jump's start (positions 0..L-1, head first), then the runs freed to the tail since. A take pops the stack, else
+    the next main position not touched; a preempted head's own full blocks are one run of positions, its last
+    block first, so its hit when admitted is the part of the run not taken yet (its first blocks), at most
+    ``(num_tokens - 1) // block_size`` blocks. Only runs known exactly are tracked (:meth:`hit` gives None
+    otherwise)."""
+
+    __slots__ = ("consumed", "stack", "end", "runs", "touched", "prepend")
+
+    def __init__(self, num_free: int, prepend: bool) -> None:
+        self.consumed = 0  # main positions taken (touched ones skipped)
+        self.stack = 0
+        self.end = num_free  # the main sequence's length
+        self.runs: dict[int, tuple[int, int]] = {}  # id(request) -> its run's [start, end)
+        self.touched: list[tuple[int, int]] = []  # [start, end) of runs taken out by a hit
+        self.prepend = prepend
+
+    def take(self, n: int) -> None:
+        """``n`` blocks taken from the queue's head."""
+        if self.stack:
+            d = n if n < self.stack else self.stack
+            self.stack -= d
+            n -= d
+        c = self.consumed + n
+        for lo, hi in self.touched:  # (few: one per resumption the jump plans)
+            if lo < c and hi > self.consumed:
+                c += hi - lo
+        self.consumed = c
+
+    def free(self, num_partial: int, num_full: int, owner=None) -> None:
+        """A request's blocks freed (``BlockPool.free_unique``): the partial ones to the head (or the tail), then
+        the full ones to the tail, as ``owner``'s run when it is a request that may hit them later."""
+        if self.prepend:
+            self.stack += num_partial
+        else:
+            self.end += num_partial
+        if owner is not None:
+            self.runs[id(owner)] = (self.end, self.end + num_full)
+        self.end += num_full
+
+    def track(self, request, start: int, length: int) -> None:
+        """``request``'s live own blocks are main positions start..start+length-1 (free at the jump's start)."""
+        self.runs[id(request)] = (start, start + length)
+
+    def hit(self, request, bs: int, drop_last: bool) -> int | None:
+        """The prefix-hit tokens ``request`` would get now, or None when its run is not tracked."""
+        run = self.runs.get(id(request))
+        if run is None:
+            return None
+        start, end = run
+        n = end - max(start, self.consumed)
+        n = max(0, min(n, (request.num_tokens - 1) // bs))
+        if n and drop_last:
+            n -= 1
+        return n * bs
+
+    def touch(self, request, hit_blocks: int) -> None:
+        """``request`` admitted with ``hit_blocks`` of its run as its hit: they leave the queue (the run's end)."""
+        start, end = self.runs.pop(id(request))
+        if hit_blocks:  # (its first blocks: the run's last entries)
+            self.touched.append((end - hit_blocks, end))
+            self.touched.sort()
+
+
 class _QueueWalk:
     """The state of :func:`_through_queue` at its current schedule: free blocks after that schedule's decode
     allocations (``avail``), the requests decoding in it (``num_decodes``, their context base sum ``dbase_sum``:
@@ -969,7 +1133,7 @@ class _QueueWalk:
     ``_Admitting`` heap)."""
 
     __slots__ = ("inst", "a", "ad", "avail", "num_decodes", "dbase_sum", "crossings", "stops", "pad_table", "bs",
-                 "ranged", "decoding", "blocks", "pending", "aggregates")
+                 "ranged", "decoding", "blocks", "pending", "aggregates", "order")
 
     def __init__(self, inst, a: _Arrivals, ad: _Admitting, j: int, decoders: list[int], avail: int,
                  pad_table: np.ndarray) -> None:
@@ -985,6 +1149,7 @@ class _QueueWalk:
         self.dbase_sum = sum(dbase[i] for i in decoders)
         self.blocks = {}  # participant -> blocks it frees at its completion
         self.pending = None  # a participant part-way through its prompt (a chunk of it in the last schedule)
+        self.order: _FreeOrder | None = None  # the free queue's order, when resumed heads' hits are followed
         self.crossings = [c for c in map(self._track, ad.alive, repeat(j + 1)) if c is not None]
         heapify(self.crossings)
         self.stops = [(a.s0[i] + a.rem[i], i) for i in decoders]
@@ -1004,8 +1169,19 @@ class _QueueWalk:
         """Participants admitted at the current schedule: the blocks their admission allocates now; their decodes
         from the next schedule, or, for a prompt chunked (the last), once its rest is done (:meth:`chunk_done`)."""
         a = self.a
+        order = self.order
         for i in participants:
-            self.avail -= -(-(a.c0[i] + a.alloc0[i]) // self.bs)
+            blocks = -(-(a.c0[i] + a.alloc0[i]) // self.bs)
+            self.avail -= blocks
+            if order is not None:
+                r = a.reqs[i - a.n_run]
+                hit = a.c0[i] // self.bs if r.prev_blocks is not None else 0
+                if id(r) in order.runs:
+                    order.touch(r, hit)
+                elif hit:  # a hit on blocks whose places are not followed: the order is no longer known
+                    self.order = order = None
+                    continue
+                order.take(blocks - hit)
             if sum(a.chunks[i]) < a.first_tokens[i]:
                 self.pending = i
             else:
@@ -1060,7 +1236,10 @@ class _QueueWalk:
     def chunk_done(self, n: int) -> None:
         """The current schedule computes ``n`` more tokens of the pending prompt (its last chunk, or not)."""
         i = self.pending
-        self.avail -= self.chunk_blocks(n)
+        blocks = self.chunk_blocks(n)
+        self.avail -= blocks
+        if self.order is not None:
+            self.order.take(blocks)
         a = self.a
         a.chunks[i].append(n)
         if sum(a.chunks[i]) == a.first_tokens[i]:
@@ -1082,9 +1261,12 @@ class _QueueWalk:
         """Take the block crossings of schedules up to ``s``; the first schedule that runs out of blocks, or
         None."""
         crossings, bs, a = self.crossings, self.bs, self.a
+        order = self.order
         while crossings and crossings[0][0] <= s:
             at, i = heappop(crossings)
             self.avail -= 1
+            if order is not None:
+                order.take(1)
             if self.avail < 0:
                 return at
             if at + bs < a.s0[i] + a.rem[i]:
@@ -1108,7 +1290,11 @@ class _QueueWalk:
         while heap and heap[0][0] < j:
             i = heappop(heap)[1]
             alive.remove(i)
-            self.avail += self.blocks.pop(i)
+            blocks = self.blocks.pop(i)
+            self.avail += blocks
+            if self.order is not None:
+                full = _full_blocks_at_end(self.a, i, self.bs, self.ad.async_)
+                self.order.free(blocks - full, full)
         self._stop_until(j)
         self._cross_until(j)
 
