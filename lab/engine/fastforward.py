@@ -51,6 +51,12 @@ The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds these cas
   the queue checks the next schedule on. The jump's apply makes the preemptions at their place among schedule 0's
   block operations (:func:`_preempt_planned`), so the blocks handed out are the engine's; a victim's token from
   the step in flight (async) is dropped, as the engine drops it.
+- Under prefix caching, a head preempted before (a victim of the jump's schedule 0, or one waiting at its start)
+  may be resumed at a later schedule of the walk: its hit is what is left of its own freed full blocks, which
+  depends on the free queue's order. The walk follows that order (:class:`_FreeOrder`: blocks freed to the head
+  are taken first, then the queue's blocks in order, then the runs freed to the tail; a head's run is found in the
+  queue at the jump's start, :func:`_track_runs`, or is its victim's, appended by schedule 0), so the hit is
+  exact; the applied admission looks it up again and raises if it differs.
 
 With nothing waiting and the instance's arrivals known in advance (``Instance.known_arrivals``: an open-loop stream
 on one instance or behind round robin, no front end), a jump also goes on through arrivals (:func:`_through_arrivals`):
@@ -873,7 +879,7 @@ def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fi
     j = after + 1
     decoders, avail = ad.at_schedule(a, j)
     walk = _QueueWalk(inst, a, ad, j, decoders, avail, pad_table)
-    if inst.kv.enable_prefix_caching and j <= 1 and (j == 0) != bool(victims):
+    if inst.kv.enable_prefix_caching:
         walk.order = _free_order(inst, a, victims or [], j)
     front = [v for _, v, _ in reversed(victims or ())]
     with _as_preempted(front):
@@ -883,9 +889,10 @@ def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fi
 
 
 def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder:
-    """The free queue's order (:class:`_FreeOrder`) at the walk's first check point ``j`` (schedule 0, or 1 after
-    schedule 0's preemptions ``victims``): the runs of the waiting heads preempted before, found in the queue now,
-    then schedule 0's takes and preemptions in running order, the completions of step 0 and schedule 1's takes."""
+    """The free queue's order (:class:`_FreeOrder`) at the walk's first check point ``j`` (schedule ``j``'s decodes'
+    blocks taken): the runs of the waiting heads preempted before, found in the queue now, then schedule 0's takes
+    and its preemptions ``victims`` in running order, and up to schedule ``j`` each step's completions and each
+    schedule's takes (the decodes of the running requests only: the walk starts before any admission)."""
     kv = inst.kv
     bs = kv.block_size
     fq = kv.pool.free_queue
@@ -894,25 +901,37 @@ def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder:
     if heads:
         _track_runs(order, kv, heads)
     n_run = a.n_run
-    crossing = [a.dfirst[i] == 0 and a.rem[i] > 0 for i in range(n_run)]
-    if j == 0:
-        order.take(sum(crossing))
-        return order
+    dfirst, rem = a.dfirst, a.rem
     for i in range(n_run + 1):
         for before, v, _ in victims:
             if before == i:
                 full = v.num_cached_blocks
                 order.free(len(v.blocks) - full, full, v)
-        if i < n_run and crossing[i]:
+        if i < n_run and dfirst[i] == 0 and rem[i] > 0:
             order.take(1)
     async_ = inst.async_scheduling
-    for i in range(n_run):
-        if a.fin[i] == 0:  # (completions at step 0's output: _QueueWalk's first check point already freed them)
-            full = _full_blocks_at_end(a, i, bs, async_)
-            order.free(_blocks_at_end(a, i, bs) - full, full)
-    order.take(sum(1 for i in range(n_run) if a.fin[i] > 0 and a.rem[i] > 1 and (1 - a.dfirst[i]) % bs == 0
-                   and a.dfirst[i] <= 1))
+    done = 0  # schedules whose takes are counted
+    for f in sorted({a.fin[i] for i in range(n_run) if a.fin[i] < j}):
+        order.take(_crossings(a, done + 1, f, bs))  # schedules up to the one before this completion's free
+        done = f
+        for i in range(n_run):
+            if a.fin[i] == f:
+                full = _full_blocks_at_end(a, i, bs, async_)
+                order.free(_blocks_at_end(a, i, bs) - full, full)
+    order.take(_crossings(a, done + 1, j, bs))
     return order
+
+
+def _crossings(a: _Arrivals, lo: int, hi: int, bs: int) -> int:
+    """Blocks the running participants' decodes take in schedules lo..hi: participant i at schedules dfirst_i,
+    dfirst_i + bs, ... below its rem_i."""
+    total = 0
+    for d, m in zip(a.dfirst[:a.n_run], a.rem[:a.n_run]):
+        first = d if d >= lo else d + (lo - d + bs - 1) // bs * bs
+        last = hi if hi < m - 1 else m - 1
+        if last >= first:
+            total += (last - first) // bs + 1
+    return total
 
 
 def _track_runs(order: _FreeOrder, kv, heads: list) -> None:
@@ -922,7 +941,7 @@ def _track_runs(order: _FreeOrder, kv, heads: list) -> None:
     fq = kv.pool.free_queue
     fs = kv.pool.free_seq
     rc = kv.pool.ref_cnt
-    want: dict[int, tuple[object, int]] = {}  # block -> (head, index in its blocks)
+    want: dict[int, tuple[Request, int]] = {}  # block -> (head, index in its blocks)
     live: dict[int, int] = {}
     for h in heads:
         blocks, seqs = h.prev_blocks
