@@ -880,7 +880,7 @@ def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fi
     decoders, avail = ad.at_schedule(a, j)
     walk = _QueueWalk(inst, a, ad, j, decoders, avail, pad_table)
     if inst.kv.enable_prefix_caching:
-        walk.order = _free_order(inst, a, victims or [], j)
+        walk.order = _free_order(inst, a, victims or [], j)  # (None: no head to follow)
     front = [v for _, v, _ in reversed(victims or ())]
     with _as_preempted(front):
         _walk_queue(inst, a, ad, walk, j, cap, stop_time, front)
@@ -888,11 +888,12 @@ def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fi
     return a
 
 
-def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder:
+def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder | None:
     """The free queue's order (:class:`_FreeOrder`) at the walk's first check point ``j`` (schedule ``j``'s decodes'
     blocks taken): the runs of the waiting heads preempted before, found in the queue now, then schedule 0's takes
     and its preemptions ``victims`` in running order, and up to schedule ``j`` each step's completions and each
-    schedule's takes (the decodes of the running requests only: the walk starts before any admission)."""
+    schedule's takes (the decodes of the running requests only: the walk starts before any admission). None when
+    there is no head to follow."""
     kv = inst.kv
     bs = kv.block_size
     fq = kv.pool.free_queue
@@ -900,6 +901,8 @@ def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder:
     heads = [h for h in inst.waiting.first(_QUEUE_HEADS) if h.prev_blocks is not None and unique_content(h)]
     if heads:
         _track_runs(order, kv, heads)
+    if not victims and not order.runs:
+        return None
     n_run = a.n_run
     dfirst, rem = a.dfirst, a.rem
     for i in range(n_run + 1):
@@ -953,13 +956,17 @@ def _track_runs(order: _FreeOrder, kv, heads: list) -> None:
     found: dict[int, list[int]] = {}  # id(head) -> positions of its blocks 0..n-1
     ids, seqs_q = fq.ids, fq.seqs
     pos = 0
+    left = len(want)
     for q in range(fq.head, min(len(ids), fq.head + _RUN_SCAN)):
+        if not left:
+            break
         b = ids[q]
         if fs[b] != seqs_q[q]:
             continue  # a stale entry
         hit = want.get(b)
         if hit is not None:
             found.setdefault(id(hit[0]), [-1] * live[id(hit[0])])[hit[1]] = pos
+            left -= 1
         pos += 1
     for h in heads:
         n = live[id(h)]
