@@ -1049,7 +1049,8 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
         # schedule 0's first head, preempted before: its own blocks still free after the decodes' are its hit
         if j == 0 and m == 0:
             first_hit = _resumed_hit(inst, heads[0], ad.free - walk.avail)
-        elif walk.order is not None and m < len(heads) and heads[m].prev_blocks is not None:
+        elif walk.order is not None and not rest and m < len(heads) and heads[m].prev_blocks is not None:
+            # (not after a prompt's next chunk: its blocks are taken before the head's hit is looked up)
             first_hit = walk.order.hit(heads[m], inst.kv.block_size, inst.kv.drop_last_hit_block)
         else:
             first_hit = None
@@ -1187,7 +1188,7 @@ class _QueueWalk:
         a, bs = self.a, self.bs
         top = a.s0[i] + a.rem[i]
         first = a.dfirst[i]
-        self.blocks[i] = a.held[i] + a.base[i] + ((top - first + bs - 1) // bs if top > first else 0)
+        self.blocks[i] = _blocks_at_end(a, i, bs)
         nxt = first if first >= after else first + (after - first + bs - 1) // bs * bs
         return (nxt, i) if nxt < top else None
 
@@ -1200,18 +1201,25 @@ class _QueueWalk:
             blocks = -(-(a.c0[i] + a.alloc0[i]) // self.bs)
             self.avail -= blocks
             if order is not None:
-                r = a.reqs[i - a.n_run]
-                hit = a.c0[i] // self.bs if r.prev_blocks is not None else 0
-                if id(r) in order.runs:
-                    order.touch(r, hit)
-                elif hit:  # a hit on blocks whose places are not followed: the order is no longer known
-                    self.order = order = None
-                    continue
-                order.take(blocks - hit)
+                self._follow_admission(order, i, blocks)
+                order = self.order
             if sum(a.chunks[i]) < a.first_tokens[i]:
                 self.pending = i
             else:
                 self._decoding(i)
+
+    def _follow_admission(self, order: _FreeOrder, i: int, blocks: int) -> None:
+        """The free queue's order after participant i's admission allocated ``blocks`` blocks (its hit, a whole
+        number of blocks, among them); a hit on blocks whose places are not followed ends the following."""
+        a = self.a
+        r = a.reqs[i - a.n_run]
+        hit = a.c0[i] // self.bs if r.prev_blocks is not None else 0
+        if id(r) in order.runs:
+            order.touch(r, hit)
+        elif hit:
+            self.order = None
+            return
+        order.take(blocks - hit)
 
     def _decoding(self, i: int) -> None:
         """Participant i's prompt is done (:meth:`_Admitting.finish_prompt`) with its last chunk at the current
