@@ -155,7 +155,9 @@ def test_a_jump_starts_with_the_preemptions_of_its_first_schedule(monkeypatch, v
     """Overloaded, KV full: a decode of schedule 0 finds no free block, so vLLM V1 preempts the last running
     requests (decode_preemption_reason); the jump starts with those preemptions and goes on with their victims at
     the head of the queue (sync and async; own freed blocks hittable or not), through their resumptions too: the
-    free queue's order (fastforward._FreeOrder) gives each its hit, what is left of its own freed blocks."""
+    free queue's order (fastforward._FreeOrder) gives each its hit, what is left of its own freed blocks (0.33
+    frees partial blocks to the queue's head, 0.11 to its tail; under 0.11 heads preempted before a jump are found
+    in the queue at its start, _track_runs)."""
     from lab.engine import fastforward
 
     planned: list[int] = []
