@@ -905,22 +905,31 @@ def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder | None:
         return None
     n_run = a.n_run
     dfirst, rem = a.dfirst, a.rem
-    for i in range(n_run + 1):
+    taken = 0  # schedule 0's takes so far, in running order; each group of victims is freed before its decode's
+    for i in range(n_run):
         for before, v, _ in victims:
             if before == i:
-                full = v.num_cached_blocks
-                order.free(len(v.blocks) - full, full, v)
-        if i < n_run and dfirst[i] == 0 and rem[i] > 0:
-            order.take(1)
+                order.take(taken)
+                taken = 0
+                order.free(len(v.blocks) - v.num_cached_blocks, v.num_cached_blocks, v)
+        if dfirst[i] == 0 and rem[i] > 0:
+            taken += 1
+    order.take(taken)
+    for before, v, _ in victims:
+        if before == n_run:  # (the last decode preempted itself)
+            order.free(len(v.blocks) - v.num_cached_blocks, v.num_cached_blocks, v)
     async_ = inst.async_scheduling
+    completing: dict[int, list[int]] = {}  # step -> participants completing at its output, before schedule j
+    for i in range(n_run):
+        if a.fin[i] < j:
+            completing.setdefault(a.fin[i], []).append(i)
     done = 0  # schedules whose takes are counted
-    for f in sorted({a.fin[i] for i in range(n_run) if a.fin[i] < j}):
+    for f in sorted(completing):
         order.take(_crossings(a, done + 1, f, bs))  # schedules up to the one before this completion's free
         done = f
-        for i in range(n_run):
-            if a.fin[i] == f:
-                full = _full_blocks_at_end(a, i, bs, async_)
-                order.free(_blocks_at_end(a, i, bs) - full, full)
+        for i in completing[f]:
+            full = _full_blocks_at_end(a, i, bs, async_)
+            order.free(_blocks_at_end(a, i, bs) - full, full)
     order.take(_crossings(a, done + 1, j, bs))
     return order
 
@@ -1146,7 +1155,7 @@ class _FreeOrder:
 
     def touch(self, request, hit_blocks: int) -> None:
         """``request`` admitted with ``hit_blocks`` of its run as its hit: they leave the queue (the run's end)."""
-        start, end = self.runs.pop(id(request))
+        end = self.runs.pop(id(request))[1]
         if hit_blocks:  # (its first blocks: the run's last entries)
             self.touched.append((end - hit_blocks, end))
             self.touched.sort()
