@@ -9,6 +9,7 @@ import simpy
 
 from lab.core.batch import BatchShape
 from lab.costmodel.base import CostModelBase
+from lab.core import native
 from lab.engine.instance import EngineOptions, Instance
 from lab.core.kv_cache import KVCacheManager
 from lab.experiment.paths import default_data_dir
@@ -18,6 +19,25 @@ from lab.core.sched_api import SchedulerConfig
 from policies.vllm_v1 import VLLMV1Scheduler
 
 DATA_DIR = default_data_dir()
+# The hot core runs compiled in this process (lab/core/native.py): the compiled modules call their own functions
+# directly and their classes take no interpreted subclass, so a test that patches one to watch it, or subclasses
+# one, runs on the sources only.
+CORE_COMPILED = bool(native.compiled_modules())
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "instruments_core: patches or subclasses hot-core code; runs on the "
+                            "pure-Python sources (make test runs these again with SERVELAB_PURE_PYTHON=1)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not CORE_COMPILED:
+        return
+    skip = pytest.mark.skip(reason="patches or subclasses hot-core code, which the compiled core calls directly or "
+                            "does not let subclass: make test runs it again with SERVELAB_PURE_PYTHON=1")
+    for item in items:
+        if "instruments_core" in item.keywords:
+            item.add_marker(skip)
 
 
 def needs_data(*parts: str):

@@ -149,6 +149,7 @@ def test_a_jump_starts_with_the_resumption_of_a_preempted_head(monkeypatch, vers
     assert resumed and sum(i.num_preemptions for i in res.instances) > 0
 
 
+@pytest.mark.instruments_core  # counts calls of _preempt_planned and _FreeOrder.touch
 @pytest.mark.parametrize("version", ["0.33", "0.11"])
 @pytest.mark.parametrize("caching", [True, False])
 def test_a_jump_starts_with_the_preemptions_of_its_first_schedule(monkeypatch, version, caching):

@@ -196,6 +196,7 @@ def test_handing_out_a_block_forgets_its_hash_and_keeps_other_blocks_with_the_sa
     assert pool.free_queue.stale == 1 and pool.num_free_blocks == 0
 
 
+@pytest.mark.instruments_core  # subclasses FreeBlockQueue to count its regaps
 def test_free_queue_matches_a_plain_list_through_prepends_takes_and_lazy_removals():
     # The queue keeps a gap in front for prepends and drops taken entries now and then; whatever it does inside,
     # its blocks from head to tail must be those of a plain list put through the same operations.

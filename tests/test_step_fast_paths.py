@@ -106,6 +106,7 @@ def test_vllm_v1_planned_phase_1_schedules_as_request_by_request(async_schedulin
     assert _outcome(VLLMV1Scheduler(), async_scheduling) == _outcome(_OneByOneVLLM(), async_scheduling)
 
 
+@pytest.mark.instruments_core  # its reference subclasses KVCacheManager
 def test_sarathi_decode_pass_schedules_as_request_by_request():
     opts = SarathiScheduler.Options(chunk_size=24)
     assert _outcome(SarathiScheduler(opts), False) == _outcome(SarathiScheduler(opts), False, kv_reference=True)

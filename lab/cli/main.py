@@ -313,6 +313,9 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
     dd = str(data_dir) if data_dir else None
     over = None if fast_forward else {"simulation": {"fast_forward": False}}
     results = []
+    from lab.core.native import core_description
+
+    err_console.print(f"hot core: {core_description()}")  # (the children import what this process imports)
     if names:
         t = Table(title="servelab benchmark")
         for c in ("workload", "requests", "wall (s)", "total wall (s)", "sim s / wall s", "req / wall s",

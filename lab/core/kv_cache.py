@@ -191,7 +191,7 @@ class BlockPool:
     def lookup(self, block_hash: int) -> int | None:
         """Return a cached block holding this hash, or None."""
         entry = self.cached.get(block_hash)
-        if entry is None or entry.__class__ is int:
+        if entry is None or isinstance(entry, int):
             return entry
         return next(iter(entry))
 
@@ -238,9 +238,10 @@ class BlockPool:
         lookup map (a hash held by several blocks keeps the others, back to a plain entry when one is left)."""
         if self.in_map[b]:
             h = self.block_hash[b]
+            assert h is not None
             cached = self.cached
             entry = cached[h]
-            if entry.__class__ is int:
+            if isinstance(entry, int):
                 del cached[h]
             else:
                 del entry[b]
@@ -313,7 +314,7 @@ class BlockPool:
         entry = cached.get(block_hash)
         if entry is None:
             cached[block_hash] = b
-        elif entry.__class__ is int:
+        elif isinstance(entry, int):
             cached[block_hash] = {entry: None, b: None}
         else:
             entry[b] = None
@@ -385,7 +386,7 @@ class KVCacheManager:
             return hits, len(hits) * bs
         hashes = request.ensure_block_hashes(max_blocks, bs)
         pool = self.pool
-        hits: list[Block] = []
+        hits = []
         lookup = pool.lookup
         for i in range(max_blocks):
             b = lookup(hashes[i])

@@ -101,7 +101,7 @@ class Request:
         self.blocks: list = []
         self.num_cached_blocks = 0
         self.block_hashes: list[int] = []
-        self.prev_blocks: list | None = None
+        self.prev_blocks: tuple[list[int], list[int]] | None = None
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None

@@ -75,6 +75,7 @@ from bisect import bisect_left, bisect_right, insort
 from contextlib import contextmanager
 from heapq import heapify, heappop, heappush
 from itertools import accumulate, islice, repeat
+from typing import Any
 
 import numpy as np
 
@@ -111,6 +112,29 @@ class Plan:
     whole prompt for a policy that reserves it).
     """
 
+    # attributes set outside __init__, declared for the compiled build (mypyc's class layout)
+    adm_sched: Any
+    admit_after: Any
+    async_: Any
+    block_size: Any
+    caching_unique: Any
+    computed0: Any
+    dts: Any
+    earlier: Any
+    ends_list: Any
+    events: Any
+    fin_sorted: Any
+    finish_at: Any
+    first: Any
+    new_first: Any
+    num_schedules: Any
+    num_waiting: Any
+    outputs0: Any
+    rem: Any
+    reqs: Any
+    sizes: Any
+    start: Any
+    stops: Any
     __slots__ = ("reqs", "rem", "computed0", "outputs0", "num_schedules", "dts", "ends", "events", "start", "first",
                  "async_", "applied_sched", "applied_out", "num_waiting", "new_first", "earlier", "used", "finish_at",
                  "sizes", "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list",
@@ -123,17 +147,17 @@ class Plan:
         self.applied_out = 0
         self.used: list[int] = []
         self._ev_pos = 0
-        self._counts = None
+        self._counts: Any = None
         self.deferred_arrivals = 0  # arrivals during the last planned step (they do not interrupt the jump)
         self.arrivals: list[float] = []  # times of earlier arrivals that left the blocked waiting head in place
         # planned admissions of arrivals known in advance (_through_arrivals) or of the queue's heads
         # (_through_queue); None / empty without
-        self.s0: list[int] | None = None  # per participant, its first planned schedule (0: running at the start,
+        self.s0: Any = None  # per participant, its first planned schedule (0: running at the start,
         # or a queue head schedule 0 admits)
         self.num_running = 0  # participants 0..num_running-1 were running at the start
-        self.first_tokens: list[int] | None = None  # tokens it computes before its decodes (1, or its whole prompt)
-        self.chunks: list | None = None  # per participant, the tokens of its prompt at each of its first schedules
-        self.alloc0: list[int] | None = None  # tokens whose blocks its admission allocates
+        self.first_tokens: Any = None  # tokens it computes before its decodes (1, or its whole prompt)
+        self.chunks: Any = None  # per participant, the tokens of its prompt at each of its first schedules
+        self.alloc0: Any = None  # tokens whose blocks its admission allocates
         self.admissions: list[tuple[int, int]] = []  # (schedule, position) of each planned admission
         self.admitted_at: dict[int, list[tuple[int, bool]]] = {}  # executed step -> (prompt tokens, sampled) pairs
         self.wait_rows: dict[int, int] = {}  # executed step -> arrivals waiting in its row
@@ -237,6 +261,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     if k < 2:
         return None
     # KV and, with requests waiting, admission at completions bound the jump (before pricing: often to 0 or 1)
+    admit_after: int | None
     if victims:  # schedule 0 preempts and admits nothing; schedule 1 is checked (the walk through the queue)
         k, admit_after = 1, 0
     else:
@@ -259,7 +284,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     kk = min(k, 64)  # grow in chunks until the expected arrival: a short jump costs little to plan
     if not kk:  # the jump starts with schedule 0's admission: no decodes before it
         counts, dts = np.zeros(0, dtype=np.int64), np.zeros(0)
-        ends = _end_times(env_now, first.dt if async_ else None, dts)
+        ends = _end_times(env_now, first.dt if async_ else None, dts)  # type: ignore[union-attr]
         last = env_now
     while kk:  # (kk stays above 0: the loop ends with a break)
         # schedules 0..kk-1 only: a plan rarely runs past the first chunk
@@ -269,7 +294,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
             if not async_:
                 dts = dts + cpu
         # End times added one step at a time, as the event loop adds them (cumsum is sequential).
-        ends = _end_times(env_now, first.dt if async_ else None, dts)
+        ends = _end_times(env_now, first.dt if async_ else None, dts)  # type: ignore[union-attr]
         last = float(ends[-1])  # (read after the loop even when the CPU check below ends it)
         if async_ and cpu_terms:
             # schedule j's CPU work runs from the boundary it is made at (env_now, then the end of executed step
@@ -454,7 +479,7 @@ def _decode_victims(inst, running: list) -> list[tuple[int, Request, str]] | Non
             if i > last:  # it preempted itself
                 break
             free -= 1
-    return victims if len(victims) < len(running) else None  # (a jump needs a request left running)
+    return victims if len(victims) < len(running) else None  # type: ignore[return-value]
 
 
 def _resumed_hit(inst, head, num_taken: int) -> int | None:
@@ -513,7 +538,7 @@ class _Stretch:
         self.rem = rem
         self.min_rem = min(rem)
         self.ranged = ranged  # the cost model reads the context range (CostModel.uses_decode_range)
-        self.by_rem = None
+        self.by_rem: Any = None
 
     def _sort(self) -> None:
         ctx, rem = self.ctx, self.rem
@@ -557,6 +582,8 @@ class _Stretch:
 
     def times(self, cost, kk: int, pad_table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(decodes, step seconds) of the stretch's schedules 0..kk-1, cost model's times without CPU work."""
+        dmax: Any
+        dmin: Any
         js = np.arange(kk, dtype=np.int64)
         if kk <= self.min_rem:  # no completion among them: every participant decodes in each
             n = self.n
@@ -626,6 +653,26 @@ class _Arrivals:
     requests first (position = batch order), then each admitted arrival; step times and end times of all its
     schedules; ``hint``, the time of the first arrival it does not admit (inf if none)."""
 
+    # attributes set outside __init__, declared for the compiled build (mypyc's class layout)
+    admissions: Any
+    admit_after: Any
+    alloc0: Any
+    base: Any
+    c0: Any
+    chunks: Any
+    counts: Any
+    dfirst: Any
+    dts: Any
+    ends: Any
+    fin: Any
+    first_tokens: Any
+    held: Any
+    hint: Any
+    n_run: Any
+    rem: Any
+    reqs: Any
+    s0: Any
+    start: Any
     __slots__ = ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst", "reqs", "admissions", "dts",
                  "counts", "ends", "hint", "n_run", "admit_after", "chunks", "alloc0", "start")
 
@@ -825,6 +872,7 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
             return a
         if inst.rejection_reason(r):
             return a
+        decoders: Any
         if ends_of is not None:  # the decodes' count and Σ contexts are all the cost model reads
             avail = ad.free_at(a, j)
             num_decodes = ends_of.advance(j)
@@ -849,7 +897,7 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
 
 def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fin: list[int], dts: np.ndarray,
                    counts: np.ndarray, ends: list[float], cap: int, stop_time: float, pad_table: np.ndarray,
-                   after: int, victims: list | None = None) -> _Arrivals:
+                   after: Any, victims: list | None = None) -> _Arrivals:
     """Extend a planned stretch of decodes that ends with the completion at step ``after`` (``dts``, ``counts``,
     ``ends``: schedules 0..after; ``after`` = -1: none, schedule 0 is the first checked, when something changed
     since the last schedule that showed the head blocked) through admissions of the waiting queue's heads, while
@@ -1040,6 +1088,7 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
         return  # a rule may read the queue's length, which does not hold the victims yet (it does not decide then)
     heads = front + waiting.first(_QUEUE_HEADS)
     m = 0  # heads admitted
+    after: int | None
     while True:
         # check point j; the walk's state is schedule j's (its decodes' blocks taken)
         if j >= cap or a.made_at(j) >= stop_time or walk.avail < 0:
@@ -1071,7 +1120,7 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
             return  # two prompts part-way done
         if taken or rest:
             first = len(a.c0)
-            if not ad.admit(a, heads[m:m + taken], j, a.made_at(j), walk.decoders(j), last_chunk, rest or None,
+            if not ad.admit(a, heads[m:m + taken], j, a.made_at(j), walk.decoders(j), last_chunk, rest or None,  # type: ignore[arg-type]
                             first_hit if taken else None):
                 return
             if rest:
@@ -1183,8 +1232,8 @@ class _QueueWalk:
         dbase = ad.dbase
         self.num_decodes = len(decoders)
         self.dbase_sum = sum(dbase[i] for i in decoders)
-        self.blocks = {}  # participant -> blocks it frees at its completion
-        self.pending = None  # a participant part-way through its prompt (a chunk of it in the last schedule)
+        self.blocks: dict[int, Any] = {}  # participant -> blocks it frees at its completion
+        self.pending: Any = None  # a participant part-way through its prompt (a chunk of it in the last schedule)
         self.order: _FreeOrder | None = None  # the free queue's order, when resumed heads' hits are followed
         self.crossings = [c for c in map(self._track, ad.alive, repeat(j + 1)) if c is not None]
         heapify(self.crossings)
@@ -1398,7 +1447,7 @@ class _QueueWalk:
 
 
 def _heads_admitted(inst, heads: list, m: int, num_running: int, num_scheduled_tokens: int, num_free_blocks: int,
-                    num_waiting: int, first_hit: int | None = None) -> tuple[int, int | None] | None:
+                    num_waiting: int, first_hit: int | None = None) -> tuple[int, tuple[int, int] | None] | None:
     """How many of the waiting heads ``heads[m:]`` (service order; ``num_waiting`` wait from ``heads[m]`` on) a
     schedule admits before one it leaves blocked (0: the first stays blocked), by the scheduler's declared rules,
     and, when the budget chunks the last one's prompt, (tokens of its first chunk, tokens whose blocks its
@@ -1440,6 +1489,16 @@ class _Admitting:
     yet completed, in a heap by completion step), the blocks completions have freed, each participant's first
     decode schedule and the context base of its decodes (context at schedule j = ``dbase[i]`` + j)."""
 
+    # attributes set outside __init__, declared for the compiled build (mypyc's class layout)
+    alive: Any
+    async_: Any
+    cpu_on: Any
+    d0: Any
+    dbase: Any
+    free: Any
+    freed: Any
+    heap: Any
+    inst: Any
     __slots__ = ("inst", "alive", "heap", "freed", "free", "dbase", "d0", "async_", "cpu_on")
 
     def at_schedule(self, a: _Arrivals, j: int) -> tuple[list[int], int]:
@@ -1526,8 +1585,8 @@ class _Admitting:
             a.rem.append(left)  # its outputs; its schedules once its prompt is done (finish_prompt)
             a.s0.append(j)
             a.first_tokens.append(prompt)
-            a.chunks.append([last_chunk[0]] if chunked else [prompt])
-            a.alloc0.append(last_chunk[1] if chunked else prompt)
+            a.chunks.append([last_chunk[0]] if chunked else [prompt])  # type: ignore[index]
+            a.alloc0.append(last_chunk[1] if chunked else prompt)  # type: ignore[index]
             a.held.append(0)
             a.base.append(-(-(computed + prompt) // bs))  # (a hit block leaves the free queue as a new one)
             a.dfirst.append(0)
@@ -1648,7 +1707,7 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
     return hidden
 
 
-def _numpy_segment(inst, a: _Arrivals, stretch: _Stretch, kk: int, pad_table: np.ndarray, async_: bool,
+def _numpy_segment(inst, a: _Arrivals, stretch: Any, kk: int, pad_table: np.ndarray, async_: bool,
                    cpu_on) -> tuple[list[int], list[float], list[float], bool]:
     """:func:`_steady_segment` through numpy (any cost model, any CPU overlap): (decodes, step seconds, end times,
     all CPU work hidden); when some schedule's CPU work would show, the schedules before it and False."""
@@ -1694,7 +1753,7 @@ def _first_chunk(a: _Arrivals) -> int:
     return max(8, int(gap / pace * 1.1) + 2)
 
 
-def _steady_segment(inst, a: _Arrivals, stretch: _Stretch, kk: int, pad_table: np.ndarray, async_: bool,
+def _steady_segment(inst, a: _Arrivals, stretch: Any, kk: int, pad_table: np.ndarray, async_: bool,
                     cpu_on) -> tuple[list[int], list[float], list[float], bool] | None:
     """(decodes, step seconds, end times, True) of the stretch's schedules 0..kk-1 after the jump's last planned
     step, as plain ints and floats (:meth:`_Stretch.steady_times`: tens of steps between arrivals cost less so than
@@ -2288,6 +2347,8 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     gaps = e - st
     ds = plan.dts[q - off:q1 - off]
     decodes = counts[q - off:q1 - off]
+    running: Any
+    waits: Any
     if fins or adm:
         rows = np.arange(q, q1)
         running = (running_end - n_adm + n_fin + np.searchsorted(adm, rows, "right")
