@@ -14,12 +14,11 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml setup.py
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	SERVELAB_PURE_PYTHON=1 $(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
-	touch $(NATIVE)
 
-# The install compiles the hot core (setup.py's HOT_CORE) with mypyc; an editable install does not rebuild it when a
-# source changes (lab/core/native.py then runs the sources, and says so), so this does, ~40 s.
+# The hot core (setup.py's HOT_CORE) compiled with mypyc, ~60 s: once after the install above, and again when one of
+# its sources changes (an editable install does not rebuild it; lab/core/native.py then runs the sources, and says so).
 $(NATIVE): $(STAMP) lab/core/kv_cache.py lab/costmodel/roofline.py lab/engine/fastforward.py
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(NATIVE)
