@@ -9,8 +9,8 @@ source. Nothing is downloaded but the build requirements, and the sources stay t
 - ``SERVELAB_PURE_PYTHON=1`` at run time imports the sources even where the extensions are built
   (``lab.core.native``), which is how the tests compare the two (tests/test_compiled_core.py).
 
-The extensions are optional: if the compiler fails, the install goes on with the pure-Python modules (setuptools
-prints the error). docs/performance.md gives what the compiled core saves and how it was measured.
+The extensions are optional: if the compiler fails, the install goes on with the pure-Python modules (``pip install
+-v`` shows the compiler's error; ``servelab bench`` prints which core runs). docs/performance.md gives what the compiled core saves and how it was measured.
 """
 
 import os
