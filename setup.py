@@ -14,6 +14,7 @@ The extensions are optional: if the compiler fails, the install goes on with the
 """
 
 import os
+import sys
 
 from setuptools import setup
 
@@ -24,11 +25,18 @@ HOT_CORE = ["lab/core/kv_cache.py", "lab/costmodel/roofline.py", "lab/engine/fas
 def _ext_modules() -> list:
     if os.environ.get("SERVELAB_PURE_PYTHON") == "1":
         return []
-    from mypyc.build import mypycify
-
+    try:
+        from mypyc.build import mypycify
+    except ImportError as e:  # (a --no-build-isolation install without mypy)
+        print(f"servelab: no mypyc ({e}): installing the pure-Python hot core", file=sys.stderr)
+        return []
     # numpy, simpy and pydantic are not in the build environment: their values are plain objects to mypyc; the
     # modules the hot core imports are read for their types only (not compiled, so their own errors do not count)
-    exts = mypycify(["--ignore-missing-imports", "--follow-imports=silent", *HOT_CORE], opt_level="3")
+    try:
+        exts = mypycify(["--ignore-missing-imports", "--follow-imports=silent", *HOT_CORE], opt_level="3")
+    except (SystemExit, Exception) as e:  # mypyc exits on a type error it finds
+        print(f"servelab: mypyc could not compile the hot core ({e!r}): installing it pure-Python", file=sys.stderr)
+        return []
     for ext in exts:
         ext.optional = True
     return exts

@@ -26,6 +26,7 @@ times vary with the machine).
 from __future__ import annotations
 
 import argparse
+import os
 import collections
 import json
 import sys
@@ -37,6 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# It wraps hot-core functions to count and time them; the compiled core calls its own functions directly, past
+# the wrappers, so this script runs the pure-Python sources (lab/core/native.py).
+os.environ["SERVELAB_PURE_PYTHON"] = "1"
 from lab.cluster.cluster import RouterError  # noqa: E402
 from lab.core import kv_cache, step_log  # noqa: E402
 from lab.core.sched_api import SchedulerContractError  # noqa: E402

@@ -73,11 +73,36 @@ def stale_extensions(root: str | None = None) -> list[str]:
     return stale
 
 
+def _extensions_without_library() -> bool:
+    """True when a hot-core extension sits beside its source but the mypyc library it loads (a top-level
+    ``<hash>__mypyc`` extension module, built with it) cannot be imported: importing the module would fail."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    has_extension = any(os.path.exists(os.path.join(root, *name.split(".")) + suffix)
+                        for name in COMPILED_MODULES for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+    if not has_extension:
+        return False
+    for entry in [root, *sys.path]:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for file in names:
+            if "__mypyc" in file and file.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+                if importlib.util.find_spec(file.split(".")[0]) is not None:
+                    return False
+    return True
+
+
 def choose_core() -> None:
     """At ``import lab``: import the hot core from its sources when ``SERVELAB_PURE_PYTHON=1`` is set, or when a
     source changed since its extension was built (then say so on stderr, once per process: the extensions of a
     build go together, so all are left out)."""
     if pure_python_requested():
+        use_sources()
+        return
+    if _extensions_without_library():
+        print("servelab: the compiled hot core's shared library (*__mypyc*) is missing; running its pure-Python "
+              "sources (rebuild: make, or pip install -e .)", file=sys.stderr)
         use_sources()
         return
     stale = stale_extensions()
