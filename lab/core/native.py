@@ -20,6 +20,7 @@ from types import ModuleType
 COMPILED_MODULES = ("lab.core.kv_cache", "lab.costmodel.roofline", "lab.engine.fastforward")
 
 PURE_PYTHON_ENV = "SERVELAB_PURE_PYTHON"
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder holding lab/
 _MTIME_SLACK_S = 2.0
 
 
@@ -61,7 +62,7 @@ def stale_extensions(root: str | None = None) -> list[str]:
     their ``.py`` file is newer than the extension beside it by more than ``_MTIME_SLACK_S`` (installing a wheel
     writes both within it). ``root``: the folder holding ``lab/`` (default: this installation's). Empty without
     extensions."""
-    root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = root or _ROOT
     stale = []
     for name in COMPILED_MODULES:
         base = os.path.join(root, *name.split("."))
@@ -74,23 +75,15 @@ def stale_extensions(root: str | None = None) -> list[str]:
 
 
 def _extensions_without_library() -> bool:
-    """True when a hot-core extension sits beside its source but the mypyc library it loads (a top-level
-    ``<hash>__mypyc`` extension module, built with it) cannot be imported: importing the module would fail."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    has_extension = any(os.path.exists(os.path.join(root, *name.split(".")) + suffix)
-                        for name in COMPILED_MODULES for suffix in importlib.machinery.EXTENSION_SUFFIXES)
-    if not has_extension:
+    """True when a hot-core extension sits beside its source but no mypyc library (the top-level
+    ``<hash>__mypyc`` extension built with it, beside ``lab/`` in an editable or a wheel install) is importable:
+    importing the module would fail."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    if not any(os.path.exists(os.path.join(_ROOT, *name.split(".")) + suffix)
+               for name in COMPILED_MODULES for suffix in suffixes):
         return False
-    for entry in [root, *sys.path]:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for file in names:
-            if "__mypyc" in file and file.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
-                if importlib.util.find_spec(file.split(".")[0]) is not None:
-                    return False
-    return True
+    libraries = [f.split(".")[0] for f in os.listdir(_ROOT) if "__mypyc" in f and f.endswith(suffixes)]
+    return not any(importlib.util.find_spec(name) is not None for name in libraries)
 
 
 def choose_core() -> None:
