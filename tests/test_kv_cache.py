@@ -1,6 +1,5 @@
 """KV block accounting, prefix caching and eviction against shared/specs/vllm-v1-scheduling.md §2."""
 
-from array import array
 
 import pytest
 
@@ -206,7 +205,7 @@ def test_free_queue_matches_a_plain_list_through_prepends_takes_and_lazy_removal
 
     rng = random.Random(7)
     num_blocks = 12000
-    free_seq = array("q", [-1]) * num_blocks
+    free_seq = [-1] * num_blocks
     regaps = []
 
     class Counting(FreeBlockQueue):

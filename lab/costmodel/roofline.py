@@ -71,6 +71,7 @@ class RooflineCostModel(CostModelBase):
         self.kv_layer_bytes = model.kv_bytes_per_token(kv_dtype, tp) / model.num_layers
         self.peak = hardware.peak_flops(weight_dtype)
         self._cache: dict[tuple[int, int], dict[str, float]] = {}
+        self._roof_cache: tuple[float, float, float, float, float] | None = None  # _decode_roof, once computed
         self.attn_peak = hardware.bf16_flops
         m = model
         h = m.hidden_size
@@ -146,15 +147,20 @@ class RooflineCostModel(CostModelBase):
 
     def _decode_roof(self) -> tuple[float, float, float, float, float]:
         """(FLOPs per query/context pair, achievable FLOP/s, KV bytes per token and layer, achievable B/s, kernel
-        launch s) of decode attention: absorbed MLA pairs 2·H·(2·r_kv + d_rope), else 4·H·d."""
+        launch s) of decode attention: absorbed MLA pairs 2·H·(2·r_kv + d_rope), else 4·H·d. Computed once (the
+        efficiencies are fixed at construction, as the ``_token_terms`` cache assumes)."""
+        roof = self._roof_cache
+        if roof is not None:
+            return roof
         e = self.eff
         m = self.model
         if m.is_mla:
             pair_decode = 2.0 * self.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
         else:
             pair_decode = 4.0 * self.heads * m.head_dim
-        return (pair_decode, self.attn_peak * e.attention_compute, self.kv_layer_bytes,
-                self.hw.memory_bandwidth * e.attention_memory, e.kernel_launch_s)
+        roof = self._roof_cache = (pair_decode, self.attn_peak * e.attention_compute, self.kv_layer_bytes,
+                             self.hw.memory_bandwidth * e.attention_memory, e.kernel_launch_s)
+        return roof
 
     def _moe(self, tokens: int) -> float:
         m = self.model
@@ -247,10 +253,10 @@ class RooflineCostModel(CostModelBase):
         in plain floats: the same operations, so the same bits."""
         b = num_decodes
         base = self._token_terms(padded or b, b)["_sum"]
-        layers = self.model.num_layers
+        layers = float(self.model.num_layers)  # (a float: the compiled build multiplies natively; the same bits)
         pair_decode, flops, kv_bytes, bandwidth, launch = self._decode_roof()
         ctx0 = decode_sum + b  # Σ contexts + decodes at the first step; b more each step
-        ctxs = range(ctx0, ctx0 + b * num_steps, b) if b else [ctx0] * num_steps
+        ctxs: list[int] = list(range(ctx0, ctx0 + b * num_steps, b)) if b else [ctx0] * num_steps
         # _decode_attention inlined (a call per step costs as much as numpy). Both roofs grow in proportion to the
         # context (>= 1), so one is the larger at every step unless their slopes are within rounding of each other:
         # otherwise only that one is computed (the value max() would pick, bit for bit).

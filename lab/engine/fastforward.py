@@ -684,7 +684,10 @@ class _Arrivals:
     def taken_by(self, alive: list[int], m: int, bs: int) -> int:
         """KV blocks the participants ``alive`` take in schedules 0..m-1: each its prompt's at its admission,
         then one each time a decode's context crosses a block boundary."""
-        s0, rem, dfirst, base = self.s0, self.rem, self.dfirst, self.base
+        s0: list[int] = self.s0  # (typed locals: the compiled build reads them without generic indexing)
+        rem: list[int] = self.rem
+        dfirst: list[int] = self.dfirst
+        base: list[int] = self.base
         total = 0
         for i in alive:
             s = s0[i]
@@ -1038,9 +1041,14 @@ _RUN_SCAN = 4096  # free-queue entries _track_runs reads at most
 
 def _blocks_at_end(a: _Arrivals, i: int, bs: int) -> int:
     """The blocks participant i holds when it completes (those it held, its admission's, its decodes' crossings)."""
-    top = a.s0[i] + a.rem[i]
-    first = a.dfirst[i]
-    return a.held[i] + a.base[i] + ((top - first + bs - 1) // bs if top > first else 0)
+    s0: list[int] = a.s0
+    rem: list[int] = a.rem
+    dfirst: list[int] = a.dfirst
+    held: list[int] = a.held
+    base: list[int] = a.base
+    top = s0[i] + rem[i]
+    first = dfirst[i]
+    return held[i] + base[i] + ((top - first + bs - 1) // bs if top > first else 0)
 
 
 def _full_blocks_at_end(a: _Arrivals, i: int, bs: int, async_: bool) -> int:
@@ -1229,9 +1237,12 @@ class _QueueWalk:
         self.ranged = inst.cost_model.uses_decode_range
         self.aggregates = not self.ranged and not inst.cost_model.uses_decode_list
         self.decoding = set(decoders)  # kept only for a cost model that reads the context range
-        dbase = ad.dbase
+        dbase: list[int] = ad.dbase
         self.num_decodes = len(decoders)
-        self.dbase_sum = sum(dbase[i] for i in decoders)
+        dbase_sum = 0
+        for i in decoders:
+            dbase_sum += dbase[i]
+        self.dbase_sum = dbase_sum
         self.blocks: dict[int, Any] = {}  # participant -> blocks it frees at its completion
         self.pending: Any = None  # a participant part-way through its prompt (a chunk of it in the last schedule)
         self.order: _FreeOrder | None = None  # the free queue's order, when resumed heads' hits are followed
@@ -1243,9 +1254,13 @@ class _QueueWalk:
     def _track(self, i: int, after: int) -> tuple[int, int] | None:
         """Note participant i's blocks at its completion; return its first block crossing at or after schedule
         ``after`` (schedule, i), or None."""
-        a, bs = self.a, self.bs
-        top = a.s0[i] + a.rem[i]
-        first = a.dfirst[i]
+        a = self.a
+        bs: int = self.bs
+        s0: list[int] = a.s0
+        rem: list[int] = a.rem
+        dfirst: list[int] = a.dfirst
+        top = s0[i] + rem[i]
+        first = dfirst[i]
         self.blocks[i] = _blocks_at_end(a, i, bs)
         nxt = first if first >= after else first + (after - first + bs - 1) // bs * bs
         return (nxt, i) if nxt < top else None
@@ -2020,7 +2035,7 @@ def _step_with_admissions(plan: Plan, j: int) -> ScheduledStep:
     return ScheduledStep(reqs, news, samples, shape, [float(plan.dts[j])], at, used, 0 if j else len(plan.victims))
 
 
-def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
+def _sync_counters(plan: Plan, indices: list[int], n_sched: int, n_out: int) -> None:
     """Set the counters of the requests at ``indices`` (positions in the plan) for ``n_sched`` schedules and
     ``n_out`` steps applied: C, outputs, placeholders and tokens in flight, full blocks (unique content), time of
     the last token."""
@@ -2032,14 +2047,17 @@ def _sync_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
     ends_list = plan.ends_list
     cu = plan.caching_unique
     bs = plan.block_size
+    rem: list[int] = plan.rem
+    computed0: list[int] = plan.computed0
+    outputs0: list[int] = plan.outputs0
     for i in indices:
         r = reqs[i]
-        m = plan.rem[i]
+        m = rem[i]
         sched = n_sched if n_sched < m else m
         out, in_flight = _running_outputs(async_, m, sched, n_out)
-        c = plan.computed0[i] + sched
+        c = computed0[i] + sched
         r.num_computed_tokens = c
-        r.num_output_tokens = plan.outputs0[i] + out
+        r.num_output_tokens = outputs0[i] + out
         r.num_output_placeholders = in_flight if async_ else 0
         r.inflight_tokens = in_flight + _first_step_extra(plan, i, n_out)
         if cu[i]:
@@ -2068,7 +2086,7 @@ def _running_outputs(async_: bool, m: int, sched: int, n_out: int) -> tuple[int,
     return out, sched - out
 
 
-def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> None:
+def _sync_admitted_counters(plan: Plan, indices: list[int], n_sched: int, n_out: int) -> None:
     """:func:`_sync_counters` in a jump with planned admissions: participant i's schedules start at s0_i (its
     prompt at the first, or in chunks at the first few) and, for an admitted request, its outputs one step
     after each schedule that samples (sync: the same step). A participant whose first schedule is not applied yet
@@ -2079,7 +2097,15 @@ def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> No
     ends_list = plan.ends_list
     cu = plan.caching_unique
     bs = plan.block_size
-    s0, rem, ft, chunks = plan.s0, plan.rem, plan.first_tokens, plan.chunks
+    # (typed locals: the compiled build indexes them without generic operations)
+    s0: list[int] = plan.s0
+    rem: list[int] = plan.rem
+    ft: list[int] = plan.first_tokens
+    chunks: list[list[int]] = plan.chunks
+    computed0: list[int] = plan.computed0
+    outputs0: list[int] = plan.outputs0
+    ends: list[float] = ends_list
+    num_running: int = plan.num_running
     for i in indices:
         m = rem[i]
         sched = n_sched - s0[i]
@@ -2088,10 +2114,10 @@ def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> No
         if sched > m:
             sched = m
         r = reqs[i]
-        if i < plan.num_running:  # running at the jump's start
+        if i < num_running:  # running at the jump's start
             out, in_flight = _running_outputs(async_, m, sched, n_out)
             last = out - 1
-            c = plan.computed0[i] + sched
+            c = computed0[i] + sched
             inflight_tokens = in_flight + _first_step_extra(plan, i, n_out)
             prefilling = False
         else:  # admitted at schedule s0: its first output from step s0 + k - 1 (+ 1 async), then one a step
@@ -2103,7 +2129,7 @@ def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> No
             sampling = sched - k + 1  # its schedules so far that sample
             in_flight = (sampling if sampling > 0 else 0) - out
             last = first_out + out - 1
-            c = plan.computed0[i] + (sum(ch[:sched]) if sched < k else ft[i] + sched - k)
+            c = computed0[i] + (sum(ch[:sched]) if sched < k else ft[i] + sched - k)
             done = n_out - s0[i] - off  # its schedules whose steps have completed
             done = 0 if done < 0 else (done if done < sched else sched)
             # tokens in flight: those of its schedules whose steps have not completed (its chunks, then decodes)
@@ -2112,14 +2138,14 @@ def _sync_admitted_counters(plan: Plan, indices, n_sched: int, n_out: int) -> No
                 inflight_tokens += sched - (done if done > k else k)
             prefilling = sched <= k
         r.num_computed_tokens = c
-        r.num_output_tokens = plan.outputs0[i] + out
+        r.num_output_tokens = outputs0[i] + out
         r.num_output_placeholders = in_flight if async_ else 0
         r.inflight_tokens = inflight_tokens
         if cu[i]:
             # full blocks registered by the last schedule: min(C, num_tokens at that schedule) // block_size
             r.num_cached_blocks = c // bs if prefilling or not async_ else (c - 1) // bs
         if out:
-            r.last_token_time = ends_list[last]
+            r.last_token_time = ends[last]
 
 
 def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
@@ -2133,11 +2159,12 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
     bs = kv.block_size
     reqs = plan.reqs
     usable = pool.num_gpu_blocks - 1
-    events = plan.events
-    ev_pos = plan._ev_pos
-    a_s, a_o = plan.applied_sched, plan.applied_out
+    events: list[tuple[int, int, int]] = plan.events
+    ev_pos: int = plan._ev_pos
+    a_s: int = plan.applied_sched
+    a_o: int = plan.applied_out
     async_ = plan.async_
-    fin_steps = plan.stops
+    fin_steps: list[int] = plan.stops
     q_first = a_o
     while a_s < n_sched or a_o < n_out:
         i_f = bisect_left(fin_steps, a_o)
@@ -2409,9 +2436,14 @@ def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
     kv = inst.kv
     end = plan.ends_list[q]
     _sync_counters(plan, done, n_sched, q + 1)
+    reqs = plan.reqs
+    gone = set()
     for i in done:
-        inst.complete(plan.reqs[i], end)
-    inst.running = [r for r in inst.running if r.status == RequestStatus.RUNNING]
+        r = reqs[i]
+        inst.complete(r, end)
+        gone.add(id(r))
+    # (every other request in the running list is RUNNING: only these changed status)
+    inst.running = [r for r in inst.running if id(r) not in gone]
     if plan.num_waiting and q == plan.admit_after:
         inst.steady = False  # the schedule after this completion may admit: it is a real one
 
