@@ -255,18 +255,27 @@ class RooflineCostModel(CostModelBase):
         base = self._token_terms(padded or b, b)["_sum"]
         layers = float(self.model.num_layers)  # (a float: the compiled build multiplies natively; the same bits)
         pair_decode, flops, kv_bytes, bandwidth, launch = self._decode_roof()
-        ctx0 = decode_sum + b  # Σ contexts + decodes at the first step; b more each step
-        ctxs: list[int] = list(range(ctx0, ctx0 + b * num_steps, b)) if b else [ctx0] * num_steps
+        ctx = decode_sum + b  # Σ contexts + decodes at the first step; b more each step
         # _decode_attention inlined (a call per step costs as much as numpy). Both roofs grow in proportion to the
         # context (>= 1), so one is the larger at every step unless their slopes are within rounding of each other:
         # otherwise only that one is computed (the value max() would pick, bit for bit).
         ratio = (pair_decode / flops) / (kv_bytes / bandwidth)
+        times: list[float] = []
         if ratio > 1.0 + 1e-9:
-            return [base + (ctx * pair_decode / flops + launch) * layers for ctx in ctxs]
-        if ratio < 1.0 - 1e-9:
-            return [base + (ctx * kv_bytes / bandwidth + launch) * layers for ctx in ctxs]
-        return [base + ((ctx * pair_decode / flops if ctx * pair_decode / flops >= ctx * kv_bytes / bandwidth
-                         else ctx * kv_bytes / bandwidth) + launch) * layers for ctx in ctxs]
+            for _ in range(num_steps):
+                times.append(base + (ctx * pair_decode / flops + launch) * layers)
+                ctx += b
+        elif ratio < 1.0 - 1e-9:
+            for _ in range(num_steps):
+                times.append(base + (ctx * kv_bytes / bandwidth + launch) * layers)
+                ctx += b
+        else:
+            for _ in range(num_steps):
+                compute = ctx * pair_decode / flops
+                memory = ctx * kv_bytes / bandwidth
+                times.append(base + ((compute if compute >= memory else memory) + launch) * layers)
+                ctx += b
+        return times
 
     def step_time(self, shape: BatchShape) -> float:
         T = shape.num_tokens

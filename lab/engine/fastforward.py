@@ -74,13 +74,13 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from contextlib import contextmanager
 from heapq import heapify, heappop, heappush
-from itertools import accumulate, islice, repeat
+from itertools import accumulate, repeat
 from typing import Any
 
 import numpy as np
 
 from lab.core.batch import BatchShape, padded_size, padded_size_table
-from lab.core.kv_cache import unique_content
+from lab.core.kv_cache import BlockPool, KVCacheManager, unique_content
 from lab.core.outputs import record_first_token
 from lab.core.request import Request, RequestStatus
 from lab.core.step import ScheduledStep
@@ -1433,7 +1433,8 @@ class _QueueWalk:
         if self.ranged:
             lo = min(dbase[i] for i in self.decoding) + s
             hi = max(dbase[i] for i in self.decoding) + s
-        times = cost.steady_decode_times(b, self.dbase_sum + b * s, hi, lo, int(self.pad_table[b]), steps)
+        times: list[float] | None = cost.steady_decode_times(b, self.dbase_sum + b * s, hi, lo,
+                                                             int(self.pad_table[b]), steps)
         if times is None:
             return False
         ad, a = self.ad, self.a
@@ -1445,9 +1446,11 @@ class _QueueWalk:
                 hidden_by = cpu
             else:
                 times = [d + cpu for d in times]
-        end = ends[-1]
+        end: float = ends[-1]
         if hidden_by is None:  # one step at a time, as the event loop adds them
-            ends += islice(accumulate(times, initial=end), 1, None)
+            for d in times:
+                end += d
+                ends.append(end)
         else:
             for t, d in enumerate(times):
                 if not ends[-2] + hidden_by <= end:
@@ -1789,8 +1792,11 @@ def _steady_segment(inst, a: _Arrivals, stretch: Any, kk: int, pad_table: np.nda
             elif not (cpu <= (dts[-1] if dts else a.dts[-1]) and (len(times) < 2 or cpu <= min(times[:-1]))):
                 return None
         dts += times
-    seg = list(accumulate(dts, initial=a.ends[-1]))  # one step at a time, as the event loop adds them
-    del seg[0]
+    seg: list[float] = []
+    end: float = a.ends[-1]
+    for d in dts:  # one step at a time, as the event loop adds them
+        end += d
+        seg.append(end)
     return counts, dts, seg, True
 
 
@@ -2154,8 +2160,8 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
     completion are applied in bulk (their outputs touch no KV block). Block operations come from ``plan.events``
     (:func:`_block_events`, :func:`_admission_events`; kind -1: schedule 0's preemptions, right before the block of
     the decode they make room for, :func:`_preempt_planned`)."""
-    kv = inst.kv
-    pool = kv.pool
+    kv: KVCacheManager = inst.kv  # (typed: the compiled build calls the pool natively, once a block)
+    pool: BlockPool = kv.pool
     bs = kv.block_size
     reqs = plan.reqs
     usable = pool.num_gpu_blocks - 1
