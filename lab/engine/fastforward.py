@@ -417,12 +417,14 @@ def _cut_at_schedule_zero(inst, running: list, check_head: bool) -> bool | str:
     free = len(inst.kv.pool.free_queue)
     if not check_head and free >= len(running):
         return False
-    bs = inst.kv.block_size
+    bs: int = inst.kv.block_size
     num_decodes = crossing = 0
     for r in running:
-        if r.stop_at - r.num_output_tokens - r.num_output_placeholders > 0:
+        left: int = r.stop_at - r.num_output_tokens - r.num_output_placeholders
+        if left > 0:
             num_decodes += 1
-            if not r.num_computed_tokens % bs:
+            computed: int = r.num_computed_tokens
+            if not computed % bs:
                 crossing += 1
     avail = free - crossing
     if avail < 0:
@@ -460,7 +462,7 @@ def _decode_victims(inst, running: list) -> list[tuple[int, Request, str]] | Non
         if (p != 1 or c != r.prompt_len + o) if async_ else (p or c != r.prompt_len + o - 1):
             return None
     scheduler = inst.scheduler
-    bs = inst.kv.block_size
+    bs: int = inst.kv.block_size
     free = len(inst.kv.pool.free_queue)
     last = len(running) - 1  # the last request not preempted
     victims: list[tuple[int, object, str]] = []
@@ -1246,10 +1248,21 @@ class _QueueWalk:
         self.blocks: dict[int, Any] = {}  # participant -> blocks it frees at its completion
         self.pending: Any = None  # a participant part-way through its prompt (a chunk of it in the last schedule)
         self.order: _FreeOrder | None = None  # the free queue's order, when resumed heads' hits are followed
-        self.crossings = [c for c in map(self._track, ad.alive, repeat(j + 1)) if c is not None]
-        heapify(self.crossings)
-        self.stops = [(a.s0[i] + a.rem[i], i) for i in decoders]
-        heapify(self.stops)
+        crossings: list[tuple[int, int]] = []
+        alive: list[int] = ad.alive
+        for i in alive:
+            c = self._track(i, j + 1)
+            if c is not None:
+                crossings.append(c)
+        heapify(crossings)
+        self.crossings = crossings
+        s0: list[int] = a.s0
+        rem: list[int] = a.rem
+        stops: list[tuple[int, int]] = []
+        for i in decoders:
+            stops.append((s0[i] + rem[i], i))
+        heapify(stops)
+        self.stops = stops
 
     def _track(self, i: int, after: int) -> tuple[int, int] | None:
         """Note participant i's blocks at its completion; return its first block crossing at or after schedule
@@ -1367,7 +1380,10 @@ class _QueueWalk:
     def _cross_until(self, s: int) -> int | None:
         """Take the block crossings of schedules up to ``s``; the first schedule that runs out of blocks, or
         None."""
-        crossings, bs, a = self.crossings, self.bs, self.a
+        crossings = self.crossings
+        bs: int = self.bs
+        s0: list[int] = self.a.s0
+        rem: list[int] = self.a.rem
         order = self.order
         while crossings and crossings[0][0] <= s:
             at, i = heappop(crossings)
@@ -1376,7 +1392,7 @@ class _QueueWalk:
                 order.take(1)
             if self.avail < 0:
                 return at
-            if at + bs < a.s0[i] + a.rem[i]:
+            if at + bs < s0[i] + rem[i]:
                 heappush(crossings, (at + bs, i))
         return None
 
@@ -1523,8 +1539,11 @@ class _Admitting:
         """Schedule j (completions before it applied): the participants it decodes, and the free blocks after its
         decodes' allocations (negative: it preempts)."""
         avail = self.free_at(a, j)
-        d0, s0, rem = self.d0, a.s0, a.rem
-        return [i for i in self.alive if d0[i] <= j < s0[i] + rem[i]], avail
+        d0: list[int] = self.d0
+        s0: list[int] = a.s0
+        rem: list[int] = a.rem
+        alive: list[int] = self.alive
+        return [i for i in alive if d0[i] <= j < s0[i] + rem[i]], avail
 
     def free_at(self, a: _Arrivals, j: int) -> int:
         """The free blocks after schedule j's decodes' allocations, completions before it applied (negative: it
@@ -2405,18 +2424,24 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     if admitted_at:
         inside = [(x - q, lst) for x, lst in admitted_at.items() if q <= x < q1]
         if inside:
-            decodes = decodes.copy()
-            prefill = np.zeros(q1 - q, dtype=np.int64)
-            batch = decodes.copy()
-            output = decodes.copy()
+            # per row, what the admissions add (plain lists: no numpy scalar store per admission)
+            n = q1 - q
+            more_batch = [0] * n
+            more_output = [0] * n
+            more_prefill = [0] * n
+            more_decodes = [0] * n
             for y, lst in inside:
                 for tokens, sampled in lst:
-                    batch[y] += 1
-                    output[y] += sampled
+                    more_batch[y] += 1
+                    more_output[y] += sampled
                     if tokens > 1:
-                        prefill[y] += tokens
+                        more_prefill[y] += tokens
                     else:
-                        decodes[y] += 1  # a one-token prompt (chunk) is a decode in the step's shape
+                        more_decodes[y] += 1  # a one-token prompt (chunk) is a decode in the step's shape
+            batch = decodes + np.array(more_batch, dtype=np.int64)
+            output = decodes + np.array(more_output, dtype=np.int64)
+            prefill = np.array(more_prefill, dtype=np.int64)
+            decodes = decodes + np.array(more_decodes, dtype=np.int64)
             if not weights.all():  # a step of prompts alone: no ITL sample
                 keep = weights > 0
                 gaps, weights = gaps[keep], weights[keep]
