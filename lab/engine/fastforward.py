@@ -2424,24 +2424,35 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     if admitted_at:
         inside = [(x - q, lst) for x, lst in admitted_at.items() if q <= x < q1]
         if inside:
-            # per row, what the admissions add (plain lists: no numpy scalar store per admission)
-            n = q1 - q
-            more_batch = [0] * n
-            more_output = [0] * n
-            more_prefill = [0] * n
-            more_decodes = [0] * n
+            # per row with admissions (each row once), what they add; then one indexed add per column (not a numpy
+            # scalar store per admission, nor a list per row of the stretch)
+            rows_in: list[int] = []
+            more_batch: list[int] = []
+            more_output: list[int] = []
+            more_prefill: list[int] = []
+            more_decodes: list[int] = []
             for y, lst in inside:
+                n_prefill = n_decode = n_sampled = 0
                 for tokens, sampled in lst:
-                    more_batch[y] += 1
-                    more_output[y] += sampled
+                    n_sampled += sampled
                     if tokens > 1:
-                        more_prefill[y] += tokens
+                        n_prefill += tokens
                     else:
-                        more_decodes[y] += 1  # a one-token prompt (chunk) is a decode in the step's shape
-            batch = decodes + np.array(more_batch, dtype=np.int64)
-            output = decodes + np.array(more_output, dtype=np.int64)
-            prefill = np.array(more_prefill, dtype=np.int64)
-            decodes = decodes + np.array(more_decodes, dtype=np.int64)
+                        n_decode += 1  # a one-token prompt (chunk) is a decode in the step's shape
+                rows_in.append(y)
+                more_batch.append(len(lst))
+                more_output.append(n_sampled)
+                more_prefill.append(n_prefill)
+                more_decodes.append(n_decode)
+            at_rows = np.array(rows_in, dtype=np.int64)
+            batch = decodes.copy()
+            batch[at_rows] += more_batch
+            output = decodes.copy()
+            output[at_rows] += more_output
+            prefill = np.zeros(q1 - q, dtype=np.int64)
+            prefill[at_rows] = more_prefill
+            decodes = decodes.copy()
+            decodes[at_rows] += more_decodes
             if not weights.all():  # a step of prompts alone: no ITL sample
                 keep = weights > 0
                 gaps, weights = gaps[keep], weights[keep]
