@@ -9,7 +9,6 @@ block keeps its hash after it is freed, so a later lookup can hit it until the b
 from __future__ import annotations
 
 from typing import Any
-from itertools import repeat
 
 from lab.core.remote_kv import PinnedBlocks
 from lab.core.request import Request
@@ -297,7 +296,7 @@ class BlockPool:
             full_rev = blocks[num_full - 1::-1]
             fq.ids.extend(full_rev)
             entry: Any = seq  # one int object for all the entries (compiled: boxed once, not once a block)
-            fq.seqs.extend(repeat(entry, num_full))
+            fq.seqs.extend([entry] * num_full)
             fs = self.free_seq
             for b in full_rev:
                 rc[b] = 0

@@ -1613,26 +1613,41 @@ class _Admitting:
         counts_l.append(num_decodes)
         ends.append((ends[-1] if ends else a.start) + dt)  # (none left: sync schedule 0, made at the start)
         bs = inst.kv.block_size
+        # (typed locals: native appends when compiled)
+        c0: list[int] = a.c0
+        rem: list[int] = a.rem
+        s0: list[int] = a.s0
+        first_tokens: list[int] = a.first_tokens
+        chunks: list[list[int]] = a.chunks
+        alloc0: list[int] = a.alloc0
+        held: list[int] = a.held
+        base: list[int] = a.base
+        dfirst: list[int] = a.dfirst
+        fin: list[int] = a.fin
+        d0: list[int] = self.d0
+        alive: list[int] = self.alive
+        admissions: list[tuple[int, int]] = a.admissions
+        a_reqs: list[Any] = a.reqs
         for n, (r, prompt) in enumerate(zip(reqs, prompts)):
             chunked = last_chunk is not None and n == len(reqs) - 1
             left = r.stop_at - r.num_output_tokens  # (a request resumed after a preemption has some already)
-            i = len(a.c0)
+            i = len(c0)
             computed = hit if n == 0 else 0  # (its own blocks' tokens, hit: the first request's only)
-            a.c0.append(computed)
-            a.rem.append(left)  # its outputs; its schedules once its prompt is done (finish_prompt)
-            a.s0.append(j)
-            a.first_tokens.append(prompt)
-            a.chunks.append([last_chunk[0]] if chunked else [prompt])  # type: ignore[index]
-            a.alloc0.append(last_chunk[1] if chunked else prompt)  # type: ignore[index]
-            a.held.append(0)
-            a.base.append(-(-(computed + prompt) // bs))  # (a hit block leaves the free queue as a new one)
-            a.dfirst.append(0)
-            a.fin.append(0)
+            c0.append(computed)
+            rem.append(left)  # its outputs; its schedules once its prompt is done (finish_prompt)
+            s0.append(j)
+            first_tokens.append(prompt)
+            chunks.append([last_chunk[0]] if chunked else [prompt])  # type: ignore[index]
+            alloc0.append(last_chunk[1] if chunked else prompt)  # type: ignore[index]
+            held.append(0)
+            base.append(-(-(computed + prompt) // bs))  # (a hit block leaves the free queue as a new one)
+            dfirst.append(0)
+            fin.append(0)
             dbase.append(0)
-            self.d0.append(0)
-            self.alive.append(i)
-            a.admissions.append((j, i))
-            a.reqs.append(r)
+            d0.append(0)
+            alive.append(i)
+            admissions.append((j, i))
+            a_reqs.append(r)
             if not chunked:
                 self.finish_prompt(a, i)
         return True
@@ -1949,9 +1964,13 @@ def _admission_events(p: Plan, n_run: int, k: int, bs: int) -> None:
     its prompt's (first chunk's) blocks, after the decodes of that schedule; kind 3: the blocks of a chunked
     prompt's next chunk, at each next schedule of its prompt, after the decodes before it; then kind 0 as its
     decodes cross block boundaries)."""
-    ev = p.events
-    s0, rem, first_tokens, chunks = p.s0, p.rem, p.first_tokens, p.chunks
-    for j, i in p.admissions:
+    ev: list[tuple[int, int, int]] = p.events  # (typed locals: native appends and indexing when compiled)
+    s0: list[int] = p.s0
+    rem: list[int] = p.rem
+    first_tokens: list[int] = p.first_tokens
+    chunks: list[list[int]] = p.chunks
+    admissions: list[tuple[int, int]] = p.admissions
+    for j, i in admissions:
         ev.append((j, i, 2))
         prompt_schedules = len(chunks[i])
         for t in range(1, prompt_schedules):
