@@ -158,8 +158,9 @@ class RooflineCostModel(CostModelBase):
             pair_decode = 2.0 * self.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
         else:
             pair_decode = 4.0 * self.heads * m.head_dim
-        roof = self._roof_cache = (pair_decode, self.attn_peak * e.attention_compute, self.kv_layer_bytes,
-                             self.hw.memory_bandwidth * e.attention_memory, e.kernel_launch_s)
+        roof = (pair_decode, self.attn_peak * e.attention_compute, self.kv_layer_bytes,
+                self.hw.memory_bandwidth * e.attention_memory, e.kernel_launch_s)
+        self._roof_cache = roof
         return roof
 
     def _moe(self, tokens: int) -> float:
