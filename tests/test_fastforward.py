@@ -39,7 +39,7 @@ def experiment(ff: bool, **over) -> object:
     if "cpu" in over:
         eng["cpu_overhead"] = {"base_s": over.pop("cpu"), "per_seq_s": 1e-5}
     policy = {"preemption": {"mode": over.pop("preemption", "recompute")}, "scheduler": over.pop("scheduler", "vllm_v1"),
-              "options": over.pop("options", {})}
+              "options": over.pop("options", {}), "queue": over.pop("queue", "fcfs")}
     data = {"name": "ff", "engine": eng, "policy": policy, "model": {"name": "Llama-3.1-8B"}, "hardware": hardware,
             "cluster": {"num_instances": over.pop("instances", 1), "router": over.pop("router", "round_robin")},
             "simulation": {"fast_forward": ff, "progress": False, "horizon_s": over.pop("horizon", None)}}
@@ -53,12 +53,12 @@ def experiment(ff: bool, **over) -> object:
 def build(spec) -> list[Request]:
     reqs = []
     t = 0.0
-    for i, (gap, prompt, out, shared) in enumerate(spec):
+    for i, (gap, prompt, out, shared, *priority) in enumerate(spec):  # (an optional fifth: the priority)
         t += gap
         ids = None
         if shared is not None:
             ids = [shared] * min(prompt, 48) + [1000 + i] * max(0, prompt - 48)
-        reqs.append(Request(i, t, prompt, out, prompt_token_ids=ids))
+        reqs.append(Request(i, t, prompt, out, prompt_token_ids=ids, priority=priority[0] if priority else 0))
     return reqs
 
 
@@ -490,9 +490,10 @@ def test_a_jump_takes_a_request_whose_previous_token_came_before_the_step_in_fli
     assert res.instances[0].num_preemptions > 0
 
 
-low_load_spec = st.lists(
-    st.tuples(st.floats(0.004, 0.25), st.integers(1, 600), st.integers(1, 120),
-              st.one_of(st.none(), st.none(), st.none(), st.integers(1, 3))),
+low_load_spec = st.lists(  # (gaps of 0 and 0.3 ms: bursts, several arrivals during one step)
+    st.tuples(st.one_of(st.floats(0.004, 0.25), st.floats(0.004, 0.25), st.sampled_from([0.0, 0.0003])),
+              st.integers(1, 600), st.integers(1, 120), st.one_of(st.none(), st.none(), st.none(), st.integers(1, 3)),
+              st.integers(0, 2)),
     min_size=2, max_size=40)
 
 
@@ -500,16 +501,17 @@ low_load_spec = st.lists(
 @given(spec=low_load_spec, version=st.sampled_from(["0.33", "0.11"]), caching=st.booleans(),
        cpu=st.sampled_from([None, 0.0, 0.003]), blocks=st.sampled_from([60, 120, 400]),
        seqs=st.sampled_from([2, 4, 16]), mbt=st.sampled_from([64, 256, 1024]), cudagraph=st.booleans(),
-       instances=st.sampled_from([1, 1, 2, 3]), horizon=st.sampled_from([None, None, 1.5]))
+       instances=st.sampled_from([1, 1, 2, 3]), horizon=st.sampled_from([None, None, 1.5]),
+       queue=st.sampled_from(["fcfs", "fcfs", "priority"]))
 def test_fast_forward_equals_step_by_step_through_planned_admissions(spec, version, caching, cpu, blocks, seqs, mbt,
-                                                                     cudagraph, instances, horizon):
+                                                                     cudagraph, instances, horizon, queue):
     # Arrivals known in advance (one instance, or round robin) at low load: jumps go on through admissions that
-    # the scheduler declares certain (SchedulerBase.admits_whole) and end at the first that is not (a prompt the
-    # budget chunks, a full batch or cache, a prompt others may share, two arrivals for one schedule, CPU work
-    # that would show); cpu None = the default CPU overhead model
+    # the scheduler declares certain (SchedulerBase.admits_whole), several in one schedule after a burst, and end
+    # at the first that is not (a prompt the budget chunks, a full batch or cache, a prompt others may share, a
+    # burst that a priority queue may reorder, CPU work that would show); cpu None = the default CPU overhead model
     over = {} if cpu is None else {"cpu": cpu}
     assert_same(spec, version=version, caching=caching, blocks=blocks, seqs=seqs, mbt=mbt, cudagraph=cudagraph,
-                instances=instances, horizon=horizon, **over)
+                instances=instances, horizon=horizon, queue=queue, **over)
 
 
 @pytest.mark.parametrize("version", ["0.33", "0.11"])
@@ -521,6 +523,29 @@ def test_jumps_admit_arrivals_known_in_advance(version):
     assert inst.num_planned_admissions >= 55 and inst.num_jumps < 5
     res = assert_same(spec, version=version, instances=2, router="test_least_running")
     assert sum(i.num_planned_admissions for i in res.instances) == 0
+
+
+def _bursts(num_bursts: int) -> list:
+    """Low load in bursts: a request every 80-120 ms, then one or two more 0.4 ms apart (during its step)."""
+    spec = []
+    for i in range(num_bursts):
+        spec.append((0.08 + 0.01 * (i % 5), 30 + 41 * i % 200, 20 + 17 * i % 90, None, 1))
+        for b in range(1 + i % 2):
+            spec.append((0.0004, 20 + 13 * (i + b) % 150, 10 + 7 * i % 60, None, 1 - b))
+    return spec
+
+
+@pytest.mark.parametrize("version", ["0.33", "0.11"])
+def test_jumps_admit_the_arrivals_of_a_burst_together(version):
+    # 2-3 requests arrive during one decode step: the schedule after it admits them all (in queue order, each
+    # after the prompts before it), so the jump goes on through every burst (fastforward._seen_together)
+    spec = _bursts(20)
+    inst = assert_same(spec, version=version, mbt=1024).instances[0]
+    assert inst.num_planned_admissions >= len(spec) - 3 and inst.num_jumps < 5
+    # a priority queue may serve a burst out of arrival order (here the last request of each burst first): the
+    # jump ends before such a schedule, and the result stays exact (60 blocks: admitting a burst in arrival order
+    # would change who is preempted)
+    assert_same(spec, version=version, mbt=1024, blocks=60, queue="priority")
 
 
 def test_the_vllm_v1_admission_rule_for_a_lone_arrival():

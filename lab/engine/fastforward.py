@@ -840,13 +840,14 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
     admissions of the next arrivals, while each is certain.
 
     The next request R arrives at its known time t; the first schedule made after t (j, at the end of the step
-    under way) is the one that sees it. The jump admits R there when nothing else arrives before that schedule,
-    the scheduler's declared rule (``SchedulerBase.admits_whole``) says that schedule admits R alone with its
-    whole prompt, given the running count, the decodes it schedules first and the free blocks after their
-    allocations, and R's prompt can be computed in one step. Schedule j then computes the decodes and R's
-    prompt, priced by the cost model as the engine prices it (``Instance.price_step``: CUDA-graph padding, CPU
-    work), and from j + 1 on R decodes with the others until its ``stop_at``. The next stretch of decodes is
-    planned up to the arrival after R, and so on. The extension stops at the first arrival that is not certain
+    under way) is the one that sees it, with every other request arriving before it (:func:`_seen_together`: in
+    a burst, several arrive during one step). The jump admits them there when the scheduler's declared rule
+    (``SchedulerBase.admits_whole``) says that schedule admits each, in queue order, with its whole prompt, given
+    the running count, the decodes it schedules first, the prompts admitted before it and the free blocks after
+    their allocations (:func:`_admits_all`). Schedule j then computes the decodes and their prompts, priced by the
+    cost model as the engine prices it (``Instance.price_step``: CUDA-graph padding, CPU work), and from j + 1 on
+    they decode with the others until their ``stop_at``. The next stretch of decodes is planned up to the next
+    arrival, and so on. The extension stops at the first arrival that is not certain
     (it then sizes the jump as the expected next arrival does), at ``cap`` schedules and before ``stop_time``;
     under async scheduling also before a schedule whose CPU work would show. :meth:`_Arrivals.bound` then cuts the
     whole at the first schedule that would run out of KV blocks."""
@@ -870,12 +871,10 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
         if j >= len(a.dts) or j >= cap:
             return a
         at = ends[e]
-        if t - (start if e == 0 else ends[e - 1]) <= eps or at - t <= eps or at >= stop_time:
+        if t - (start if e == 0 else ends[e - 1]) <= eps or at >= stop_time:
             return a
-        after = known.peek(m + 1)
-        if (after is not None and after.arrival_time <= at + eps) or r.num_computed_tokens or r.blocks:
-            return a
-        if inst.rejection_reason(r):
+        group = _seen_together(inst, known, m, at, eps)
+        if group is None:
             return a
         decoders: Any
         if ends_of is not None:  # the decodes' count and Σ contexts are all the cost model reads
@@ -885,19 +884,64 @@ def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, ru
         else:
             decoders, avail = ad.at_schedule(a, j)
             num_decodes = len(decoders)
-        if avail < 0 or not inst.scheduler.admits_whole(inst, r, len(ad.alive), num_decodes, avail):
+        if not _admits_all(inst, group, len(ad.alive), num_decodes, avail):
             return a
-        if not ad.admit(a, [r], j, at, decoders):
+        if not ad.admit(a, group, j, at, decoders):
             return a
         if ends_of is not None:
-            i = len(a.c0) - 1
-            ends_of.add(a.s0[i] + a.rem[i], dbase[i])
-        m += 1
+            for i in range(len(a.c0) - len(group), len(a.c0)):
+                ends_of.add(a.s0[i] + a.rem[i], dbase[i])
+        m += len(group)
         nxt = known.peek(m)
         a.hint = nxt.arrival_time if nxt is not None else float("inf")
         if not _decode_stretch(inst, a, ad.alive, ad.dbase, j + 1, cap, stop_time, async_, pad_table, ad.cpu_on,
                                ends_of):
             return a
+
+
+def _seen_together(inst, known: KnownArrivals, m: int, at: float, eps: float) -> list | None:
+    """The arrivals from ``known.peek(m)`` on that the schedule made at ``at`` (seconds) sees first, in the
+    order the waiting queue serves them: those arriving more than ``eps`` before ``at`` (the first is known to
+    arrive after the schedule before it), when the next arrives more than ``eps`` after ``at``. None when that is
+    not certain (an arrival within ``eps`` of ``at``; several, and the queue does not serve arrivals in arrival
+    order, ``WaitingQueue.arrivals_join_back``) or one of them holds computed state, blocks, or is rejected."""
+    group = [known.peek(m)]
+    after = known.peek(m + 1)
+    while after is not None and after.arrival_time <= at + eps:
+        if (after.arrival_time >= at - eps or after.arrival_time < group[-1].arrival_time
+                or not inst.waiting.arrivals_join_back):
+            return None
+        group.append(after)
+        after = known.peek(m + len(group))
+    if at - group[0].arrival_time <= eps:
+        return None
+    for r in group:
+        if r.num_computed_tokens or r.blocks or inst.rejection_reason(r):
+            return None
+    return group
+
+
+def _admits_all(inst, group: list, num_running: int, num_decodes: int, num_free_blocks: int) -> bool:
+    """Whether a schedule of ``num_decodes`` decodes (``num_free_blocks`` free blocks after their allocations;
+    negative: it preempts) admits every request of ``group`` (arrivals, in service order) with its whole prompt,
+    by the scheduler's declared rule (``SchedulerBase.admits_whole``), each after those before it, as
+    :func:`_heads_admitted` applies it to a queue's heads."""
+    scheduler = inst.scheduler
+    kv = inst.kv
+    cfg = inst.config
+    num_scheduled_tokens = num_decodes
+    left = len(group)
+    for r in group:
+        if num_free_blocks < 0 or not scheduler.admits_whole(inst, r, num_running, num_scheduled_tokens,
+                                                             num_free_blocks, left):
+            return False
+        left -= 1
+        if left:
+            prompt = r.num_tokens
+            num_free_blocks -= kv.blocks_to_admit(r, prompt, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
+            num_running += 1
+            num_scheduled_tokens += prompt
+    return True
 
 
 def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fin: list[int], dts: np.ndarray,
