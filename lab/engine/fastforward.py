@@ -371,7 +371,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     p.earlier = earlier
     # requests whose content is unique register nothing anyone can hit: only their count of full blocks matters,
     # which _sync_counters keeps
-    unique = [unique_content(r) for r in p.reqs]
+    unique = [True] * len(p.reqs) if inst.all_content_unique else [unique_content(r) for r in p.reqs]
     if p.admissions:
         n_run = len(running)
         p.events = _block_events(computed0[:n_run], rem[:n_run], k, bs, async_, caching, unique[:n_run])
@@ -647,7 +647,7 @@ def _arrivals_allowed(inst, running: list, caching: bool) -> bool:
     exact block counts)."""
     if len(inst.options.stage_layers) > 1 or inst.kv_offload is not None or inst.swap.pending_s:
         return False
-    return not caching or all(map(unique_content, running))
+    return not caching or inst.all_content_unique or all(map(unique_content, running))
 
 
 class _Arrivals:
@@ -2099,10 +2099,14 @@ def _step_with_admissions(plan: Plan, j: int) -> ScheduledStep:
     s0_i + rem_i - 1, computing its prompt's ``chunks[i]`` at the first ones (the last samples its first token),
     then one token a schedule."""
     reqs = []
-    news = []
-    before = []
-    samples = []
-    s0, rem, ft, chunks, c0 = plan.s0, plan.rem, plan.first_tokens, plan.chunks, plan.computed0
+    news: list[int] = []
+    before: list[int] = []
+    samples: list[bool] = []
+    s0: list[int] = plan.s0  # (typed locals: native indexing and arithmetic when compiled)
+    rem: list[int] = plan.rem
+    ft: list[int] = plan.first_tokens
+    chunks: list[Any] = plan.chunks  # (a running participant's is a tuple)
+    c0: list[int] = plan.computed0
     for i, r in enumerate(plan.reqs):
         done = j - s0[i]
         if 0 <= done < rem[i]:

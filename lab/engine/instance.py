@@ -20,7 +20,7 @@ from typing import Callable
 import simpy
 
 from lab.core.batch import BatchShape, padded_size
-from lab.core.kv_cache import KVCacheManager
+from lab.core.kv_cache import KVCacheManager, unique_content
 from lab.core.kv_offload import KVOffloader
 from lab.core.outputs import DraftAcceptance, StepOutputs, release_request
 from lab.core.request import Request, RequestStatus
@@ -186,6 +186,9 @@ class Instance:
         self.jumped_steps = 0
         self.num_absorbed_arrivals = 0  # arrivals queued behind a blocked head during a jump, which went on
         self.num_planned_admissions = 0  # arrivals a jump admitted (known in advance; lab/engine/fastforward.py)
+        # every request that reached this instance has content unique to it (no token ids, no hash ids: none of
+        # its blocks can be hit), so a jump need not check them one by one (lab/engine/fastforward.py)
+        self.all_content_unique = True
         self._ff = (opt.fast_forward and not opt.record_breakdown and scheduler.supports_fast_forward
                     and pp == 1 and start and acceptance is None)  # drafts are drawn step by step
         self.process = env.process(self._loop()) if start else None
@@ -352,6 +355,8 @@ class Instance:
         request.instance_id = self.instance_id
         request.pool = self.pool
         request.served_by.append(self.instance_id)
+        if self.all_content_unique and not unique_content(request):
+            self.all_content_unique = False
         if self.record_events:
             request.events = [(now, "arrived")]
 
@@ -363,6 +368,8 @@ class Instance:
         request.instance_id = self.instance_id
         request.pool = self.pool
         request.served_by.append(self.instance_id)
+        if self.all_content_unique and not unique_content(request):
+            self.all_content_unique = False
         reason = self.rejection_reason(request)
         if reason:
             if deferred:
