@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
-import yaml
+from lab.costmodel.catalog import read_catalog
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ DEFAULT_PCIE_LATENCY_S = 10e-6
 
 @lru_cache(maxsize=1)
 def _catalog() -> dict[str, dict[str, Any]]:
-    return yaml.safe_load(resources.files("lab").joinpath("catalog/hardware.yaml").read_text())
+    return read_catalog("hardware")
 
 
 def hardware_names() -> list[str]:

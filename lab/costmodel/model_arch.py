@@ -13,12 +13,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from lab.costmodel.catalog import read_catalog
 from lab.costmodel.parallel import Parallelism
 
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "int8": 1, "fp32": 4,
@@ -297,8 +295,7 @@ def _checkpoint_dtype(cfg: dict[str, Any]) -> str:
 
 @lru_cache(maxsize=1)
 def _catalog() -> dict[str, dict[str, Any]]:
-    text = resources.files("lab").joinpath("catalog/models.yaml").read_text()
-    return yaml.safe_load(text)
+    return read_catalog("models")
 
 
 def model_names() -> list[str]:
