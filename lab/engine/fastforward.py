@@ -371,7 +371,9 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     p.earlier = earlier
     # requests whose content is unique register nothing anyone can hit: only their count of full blocks matters,
     # which _sync_counters keeps
-    unique = [True] * len(p.reqs) if inst.all_content_unique else [unique_content(r) for r in p.reqs]
+    # (the instance's flag covers the requests that reached it; planned arrivals are checked one by one)
+    n_known = p.num_running if inst.all_content_unique else 0
+    unique = [True] * n_known + [unique_content(r) for r in p.reqs[n_known:]]
     if p.admissions:
         n_run = len(running)
         p.events = _block_events(computed0[:n_run], rem[:n_run], k, bs, async_, caching, unique[:n_run])
