@@ -908,6 +908,8 @@ def _seen_together(inst, known: KnownArrivals, m: int, at: float, eps: float) ->
     not certain (an arrival within ``eps`` of ``at``; several, and the queue does not serve arrivals in arrival
     order, ``WaitingQueue.arrivals_join_back``) or one of them holds computed state, blocks, or is rejected."""
     group = [known.peek(m)]
+    if at - group[0].arrival_time <= eps:
+        return None
     after = known.peek(m + 1)
     while after is not None and after.arrival_time <= at + eps:
         if (after.arrival_time >= at - eps or after.arrival_time < group[-1].arrival_time
@@ -915,8 +917,6 @@ def _seen_together(inst, known: KnownArrivals, m: int, at: float, eps: float) ->
             return None
         group.append(after)
         after = known.peek(m + len(group))
-    if at - group[0].arrival_time <= eps:
-        return None
     for r in group:
         if r.num_computed_tokens or r.blocks or inst.rejection_reason(r):
             return None

@@ -352,24 +352,24 @@ class Instance:
         gap = now - self._last_arrival
         self._gap_ema = gap if not self._gap_ema else 0.8 * self._gap_ema + 0.2 * gap
         self._last_arrival = now
+        self._take_over(request)
+        if self.record_events:
+            request.events = [(now, "arrived")]
+
+    def _take_over(self, request: Request) -> None:
+        """The request is served here from now on (an arrival, or handed on from another pool)."""
         request.instance_id = self.instance_id
         request.pool = self.pool
         request.served_by.append(self.instance_id)
         if self.all_content_unique and not unique_content(request):
             self.all_content_unique = False
-        if self.record_events:
-            request.events = [(now, "arrived")]
 
     def receive(self, request: Request) -> None:
         """Take over a request handed on from another instance with its computed state: it keeps its tokens,
         timings and ``num_computed_tokens`` (its KV arrived with it) and waits here like a swapped-in request."""
         deferred = self._before_arrival()
         source = request.pool
-        request.instance_id = self.instance_id
-        request.pool = self.pool
-        request.served_by.append(self.instance_id)
-        if self.all_content_unique and not unique_content(request):
-            self.all_content_unique = False
+        self._take_over(request)
         reason = self.rejection_reason(request)
         if reason:
             if deferred:

@@ -767,9 +767,10 @@ def _collecting_rarely():
     """Run the block with the cyclic collector run every ``_GC_THRESHOLD`` net new objects (and its older
     generations every 100 of those), then restore the thresholds. Building requests allocates millions of objects
     that all live on: at Python's default every collection re-traverses the ones built so far (1,000,000 synthetic
-    requests: 6.0 s to build, 1.7 s so). On exit the block's survivors go to the oldest generation unscanned
-    (``gc.freeze`` then ``gc.unfreeze``): restoring the default thresholds would otherwise make the next allocation
-    scan all of them at once as young objects (Azure conversation trace, 19,366 requests: 60 ms at the end of the
+    requests: 6.0 s to build, 1.7 s so). On exit every object still young (the block's survivors among them) goes
+    to the oldest generation unscanned (``gc.freeze`` then ``gc.unfreeze``, which also releases any earlier freeze):
+    restoring the default thresholds would otherwise make the next allocation scan all of them at once as young
+    objects (Azure conversation trace, 19,366 requests: 60 ms at the end of the
     run, a gen-0 collection), though they are the run's long-lived state. A cycle among them is freed by the next
     full collection (sweeps make one after each run: lab/report/sweep.py)."""
     thresholds = gc.get_threshold()
