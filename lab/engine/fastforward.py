@@ -1270,11 +1270,17 @@ class _QueueWalk:
     """The state of :func:`_through_queue` at its current schedule: free blocks after that schedule's decode
     allocations (``avail``), the requests decoding in it (``num_decodes``, their context base sum ``dbase_sum``:
     Σ contexts at schedule s = ``dbase_sum`` + ``num_decodes`` · s), and heaps of the coming events: block
-    crossings (schedule, participant), decode ends (first schedule without a decode) and completions (the jump's
-    ``_Admitting`` heap)."""
+    crossings, decode ends (first schedule without a decode) and completions (the jump's ``_Admitting`` heap).
 
-    __slots__ = ("inst", "a", "ad", "avail", "num_decodes", "dbase_sum", "crossings", "stops", "pad_table", "bs",
-                 "ranged", "decoding", "blocks", "pending", "aggregates", "order")
+    A decoding participant's context crosses a block boundary every ``block_size`` schedules, so crossings are kept
+    as counts by schedule modulo ``block_size`` (``cross_count``; participant i's residue ``cross_residue[i]``),
+    with a heap of the schedules at which each participant's crossings end (``cross_ends``: its last decode's
+    schedule + 1): taking a schedule's crossings costs one lookup, not a heap pop and push per crossing.
+    ``cross_done``: the last schedule whose crossings are taken."""
+
+    __slots__ = ("inst", "a", "ad", "avail", "num_decodes", "dbase_sum", "cross_count", "cross_residue",
+                 "cross_ends", "cross_done", "stops", "pad_table", "bs", "ranged", "decoding", "blocks", "pending",
+                 "aggregates", "order")
 
     def __init__(self, inst, a: _Arrivals, ad: _Admitting, j: int, decoders: list[int], avail: int,
                  pad_table: np.ndarray) -> None:
@@ -1294,14 +1300,14 @@ class _QueueWalk:
         self.blocks: dict[int, Any] = {}  # participant -> blocks it frees at its completion
         self.pending: Any = None  # a participant part-way through its prompt (a chunk of it in the last schedule)
         self.order: _FreeOrder | None = None  # the free queue's order, when resumed heads' hits are followed
-        crossings: list[tuple[int, int]] = []
+        self.cross_count: list[int] = [0] * bs
+        self.cross_residue: dict[int, int] = {}
+        self.cross_ends: list[tuple[int, int]] = []
+        self.cross_done = j  # (schedule j's decodes' blocks are taken: ``avail``)
         alive: list[int] = ad.alive
         for i in alive:
-            c = self._track(i, j + 1)
-            if c is not None:
-                crossings.append(c)
-        heapify(crossings)
-        self.crossings = crossings
+            self._track(i, j + 1, False)
+        heapify(self.cross_ends)
         s0: list[int] = a.s0
         rem: list[int] = a.rem
         stops: list[tuple[int, int]] = []
@@ -1310,9 +1316,11 @@ class _QueueWalk:
         heapify(stops)
         self.stops = stops
 
-    def _track(self, i: int, after: int) -> tuple[int, int] | None:
-        """Note participant i's blocks at its completion; return its first block crossing at or after schedule
-        ``after`` (schedule, i), or None."""
+    def _track(self, i: int, after: int, push: bool = True) -> None:
+        """Note participant i's blocks at its completion, and its block crossings from schedule ``after`` on (after
+        ``cross_done``; the first one less than ``block_size`` schedules after it, as every caller's ``after`` is
+        the participant's first decode schedule or the walk's first check point); ``push``: onto the heap of
+        crossing ends (else appended, the caller heapifies)."""
         a = self.a
         bs: int = self.bs
         s0: list[int] = a.s0
@@ -1322,7 +1330,16 @@ class _QueueWalk:
         first = dfirst[i]
         self.blocks[i] = _blocks_at_end(a, i, bs)
         nxt = first if first >= after else first + (after - first + bs - 1) // bs * bs
-        return (nxt, i) if nxt < top else None
+        if nxt >= top:
+            return
+        assert after > self.cross_done and nxt - after < bs, "a participant's crossings tracked late"
+        residue = nxt % bs
+        self.cross_count[residue] += 1
+        self.cross_residue[i] = residue
+        if push:
+            heappush(self.cross_ends, (top, i))
+        else:
+            self.cross_ends.append((top, i))
 
     def joined(self, participants) -> None:
         """Participants admitted at the current schedule: the blocks their admission allocates now; their decodes
@@ -1357,9 +1374,7 @@ class _QueueWalk:
         """Participant i's prompt is done (:meth:`_Admitting.finish_prompt`) with its last chunk at the current
         schedule: it decodes from the next one; its block crossings and decode end are tracked."""
         a, ad = self.a, self.ad
-        crossing = self._track(i, a.s0[i] + len(a.chunks[i]))
-        if crossing is not None:
-            heappush(self.crossings, crossing)
+        self._track(i, a.s0[i] + len(a.chunks[i]))
         self.num_decodes += 1
         self.dbase_sum += ad.dbase[i]
         self.decoding.add(i)
@@ -1424,22 +1439,30 @@ class _QueueWalk:
             self.ad.finish_prompt(a, i)
 
     def _cross_until(self, s: int) -> int | None:
-        """Take the block crossings of schedules up to ``s``; the first schedule that runs out of blocks, or
-        None."""
-        crossings = self.crossings
+        """Take the block crossings of the schedules after ``cross_done`` up to ``s``; the first schedule that runs
+        out of blocks (the walk ends there), or None."""
+        t: int = self.cross_done
+        if s <= t:
+            return None
+        count: list[int] = self.cross_count
+        ends: list[tuple[int, int]] = self.cross_ends
+        residue: dict[int, int] = self.cross_residue
         bs: int = self.bs
-        s0: list[int] = self.a.s0
-        rem: list[int] = self.a.rem
         order = self.order
-        while crossings and crossings[0][0] <= s:
-            at, i = heappop(crossings)
-            self.avail -= 1
-            if order is not None:
-                order.take(1)
-            if self.avail < 0:
-                return at
-            if at + bs < s0[i] + rem[i]:
-                heappush(crossings, (at + bs, i))
+        avail: int = self.avail
+        while t < s:
+            t += 1
+            while ends and ends[0][0] <= t:  # (participants whose last decode came before schedule t)
+                count[residue.pop(heappop(ends)[1])] -= 1
+            n = count[t % bs]
+            if n:
+                avail -= n
+                if order is not None:
+                    order.take(n)
+                if avail < 0:
+                    self.avail, self.cross_done = avail, t
+                    return t
+        self.avail, self.cross_done = avail, s
         return None
 
     def _stop_until(self, s: int) -> None:
