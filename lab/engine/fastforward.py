@@ -75,7 +75,7 @@ from bisect import bisect_left, bisect_right, insort
 from contextlib import contextmanager
 from heapq import heapify, heappop, heappush
 from itertools import accumulate, repeat
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -90,6 +90,20 @@ _VECTOR_BOUND_FROM = 48
 
 # Longest jump planned at once (bounds the planning work wasted when an arrival interrupts it).
 MAX_JUMP_STEPS = 4096
+
+# A planned block operation (``Plan.events``) is one int, so that sorting a jump's operations into execution order
+# compares ints, not tuples: (schedule j, participant position i, kind) packed as j << 32 | i << 3 | (kind + 1),
+# which orders as the tuple does (i < 2**29, kind -1..3; j < MAX_JUMP_STEPS keeps it a short int, unboxed when
+# compiled). Kinds: -1 schedule 0's preemptions, 0 a new block, 1 register the block just filled, 2 admit, 3 the
+# next chunk of a prompt.
+_EV_SCHEDULE_SHIFT: Final = 32
+_EV_POS_SHIFT: Final = 3
+_EV_POS_MASK: Final = (1 << 29) - 1
+
+
+def _event(j: int, i: int, kind: int) -> int:
+    """The packed block operation (schedule ``j``, participant ``i``, ``kind``); see ``_EV_SCHEDULE_SHIFT``."""
+    return (j << _EV_SCHEDULE_SHIFT) | (i << _EV_POS_SHIFT) | (kind + 1)
 
 
 class Plan:
@@ -381,7 +395,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     else:
         p.events = _block_events(computed0, rem, k, bs, async_, caching, unique)
     if victims:
-        p.events += {(0, before, -1) for before, _, _ in victims}  # (kind -1: before that decode's block)
+        p.events += {_event(0, before, -1) for before, _, _ in victims}  # (kind -1: before that decode's block)
         p.events.sort()
     # completions by step: step q -> positions finishing at its output, in batch order
     finish_at: dict[int, list[int]] = {}
@@ -2033,20 +2047,22 @@ def _admission_events(p: Plan, n_run: int, k: int, bs: int) -> None:
     its prompt's (first chunk's) blocks, after the decodes of that schedule; kind 3: the blocks of a chunked
     prompt's next chunk, at each next schedule of its prompt, after the decodes before it; then kind 0 as its
     decodes cross block boundaries)."""
-    ev: list[tuple[int, int, int]] = p.events  # (typed locals: native appends and indexing when compiled)
+    ev: list[int] = p.events  # (typed locals: native appends and indexing when compiled)
     s0: list[int] = p.s0
     rem: list[int] = p.rem
     first_tokens: list[int] = p.first_tokens
     chunks: list[list[int]] = p.chunks
     admissions: list[tuple[int, int]] = p.admissions
+    shift = _EV_SCHEDULE_SHIFT
     for j, i in admissions:
-        ev.append((j, i, 2))
+        ev.append(_event(j, i, 2))
         prompt_schedules = len(chunks[i])
         for t in range(1, prompt_schedules):
-            ev.append((j + t, i, 3))
+            ev.append(_event(j + t, i, 3))
         top = min(s0[i] + rem[i], k)
+        new_block = _event(0, i, 0)
         for jd in range(j + prompt_schedules + (-first_tokens[i]) % bs, top, bs):
-            ev.append((jd, i, 0))
+            ev.append((jd << shift) | new_block)
     ev.sort()
 
 
@@ -2068,18 +2084,22 @@ def _admission_rows(p: Plan) -> None:
 
 
 def _block_events(computed0: list[int], rem: list[int], k: int, bs: int, async_: bool, caching: bool,
-                  unique: list[bool]) -> list[tuple[int, int, int]]:
-    """(schedule j, request position, kind) in execution order; kind 0 = take a new block, 1 = register the
-    block that just filled. Within one request's allocation the new block comes first (vLLM ``allocate_slots``)."""
-    ev = []
+                  unique: list[bool]) -> list[int]:
+    """The decodes' block operations (:func:`_event`: schedule j, request position, kind) in execution order; kind
+    0 = take a new block, 1 = register the block that just filled. Within one request's allocation the new block
+    comes first (vLLM ``allocate_slots``)."""
+    ev: list[int] = []
+    shift = _EV_SCHEDULE_SHIFT
     for i, c in enumerate(computed0):
         top = min(rem[i], k)
+        new_block = _event(0, i, 0)
         for j in range((-c) % bs, top, bs):
-            ev.append((j, i, 0))
+            ev.append((j << shift) | new_block)
         if caching and not unique[i]:
             # sync: a block fills when computed0 + j + 1 is a multiple of bs; async (one token behind): when computed0 + j is
+            register = _event(0, i, 1)
             for j in range(((-c) % bs) if async_ else ((-c - 1) % bs), top, bs):
-                ev.append((j, i, 1))
+                ev.append((j << shift) | register)
     ev.sort()
     return ev
 
@@ -2276,7 +2296,7 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
     bs = kv.block_size
     reqs = plan.reqs
     usable = pool.num_gpu_blocks - 1
-    events: list[tuple[int, int, int]] = plan.events
+    events: list[int] = plan.events
     ev_pos: int = plan._ev_pos
     a_s: int = plan.applied_sched
     a_o: int = plan.applied_out
@@ -2294,9 +2314,12 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
         n_ev = len(events)
         j_prev = a_s
         while ev_pos < n_ev:
-            j, i, kind = events[ev_pos]
+            e = events[ev_pos]
+            j = e >> _EV_SCHEDULE_SHIFT
             if j >= s_end:
                 break
+            i = (e >> _EV_POS_SHIFT) & _EV_POS_MASK
+            kind = (e & 7) - 1
             if j > j_prev:  # schedules without block operations in between
                 used.extend([cur] * (j - j_prev))
                 j_prev = j
