@@ -302,6 +302,23 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
         last = env_now
     while kk:  # (kk stays above 0: the loop ends with a break)
         # schedules 0..kk-1 only: a plan rarely runs past the first chunk
+        priced = (_priced_in_floats(stretch, cost, kk, pad_table, opt, cpu_terms, async_, env_now,
+                                    first.dt if async_ else None)  # type: ignore[union-attr]
+                  if kk <= _FLOAT_PRICED else None)
+        if priced is not None:
+            counts_l, dts_l, ends_l, shown = priced
+            counts, dts, ends = np.array(counts_l, dtype=np.int64), np.array(dts_l), np.array(ends_l)
+            last = ends_l[-1]
+            if shown >= 0:
+                k = k_bound = min(k, shown)
+                kk = min(kk, k)
+                if k < 2:
+                    return None
+                break
+            if kk == k or last >= hint or last >= stop_time:
+                break
+            kk = min(k, kk * 4)
+            continue
         counts, dts = stretch.times(cost, kk, pad_table)
         if cpu_terms:
             cpu = _decode_cpu(opt, counts)
@@ -526,6 +543,49 @@ def _decode_cpu(opt, counts):
     if opt.cpu_per_token_s:
         cpu = cpu + opt.cpu_per_token_s * counts
     return cpu
+
+
+# A plan's first pricing of up to this many schedules is done in plain floats when the cost model has a steady form
+# (:func:`_priced_in_floats`): a few numpy calls on a handful of values cost more than the values.
+_FLOAT_PRICED: Final = 64
+
+
+def _priced_in_floats(stretch: "_Stretch", cost, kk: int, pad_table: np.ndarray, opt, cpu_terms, async_: bool,
+                      start: float, in_flight_dt: float | None) -> tuple[list[int], list[float], list[float], int] | None:
+    """:func:`plan`'s pricing of the pure-decode schedules 0..kk-1 of ``stretch`` in plain ints and floats, the
+    same values as its numpy pricing (``_Stretch.times``, ``_decode_cpu``, :func:`_end_times`: the same float
+    operations, one step at a time): (decodes, step seconds with CPU work under sync, end times (under async the
+    step in flight's first), the first schedule whose CPU work would show under async or -1); None when the cost
+    model has no steady form."""
+    runs = stretch.steady_times(cost, kk, pad_table)
+    if runs is None:
+        return None
+    counts: list[int] = []
+    dts: list[float] = []
+    cpus: list[float] = []
+    for b, times in runs:
+        counts += [b] * len(times)
+        if cpu_terms:
+            cpu: float = _decode_cpu(opt, b)
+            if async_:
+                cpus += [cpu] * len(times)
+            else:
+                times = [d + cpu for d in times]
+        dts += times
+    end = start
+    ends: list[float] = []
+    if in_flight_dt is not None:
+        end += in_flight_dt
+        ends.append(end)
+    for d in dts:
+        end += d
+        ends.append(end)
+    made = start  # async: schedule j is made at the end of executed step j - 1 and must be done by that of step j
+    for j, cpu in enumerate(cpus):
+        if not made + cpu <= ends[j]:
+            return counts, dts, ends, j
+        made = ends[j]
+    return counts, dts, ends, -1
 
 
 def _end_times(start: float, in_flight_dt: float | None, dts: np.ndarray) -> np.ndarray:
