@@ -101,6 +101,13 @@ _EV_POS_SHIFT: Final = 3
 _EV_POS_MASK: Final = (1 << 29) - 1
 
 
+# The heaps of a jump's coming events (completions, decode ends, crossing ends: a schedule and a participant) hold
+# ints packed as schedule << 32 | participant, which order as the pairs do (schedules >= 0, participants < 2**32) and
+# compare without tuples.
+_HEAP_SHIFT: Final = 32
+_HEAP_MASK: Final = (1 << 32) - 1
+
+
 def _event(j: int, i: int, kind: int) -> int:
     """The packed block operation (schedule ``j``, participant ``i``, ``kind``); see ``_EV_SCHEDULE_SHIFT``."""
     return (j << _EV_SCHEDULE_SHIFT) | (i << _EV_POS_SHIFT) | (kind + 1)
@@ -1376,7 +1383,7 @@ class _QueueWalk:
         self.order: _FreeOrder | None = None  # the free queue's order, when resumed heads' hits are followed
         self.cross_count: list[int] = [0] * bs
         self.cross_residue: dict[int, int] = {}
-        self.cross_ends: list[tuple[int, int]] = []
+        self.cross_ends: list[int] = []  # (packed: _HEAP_SHIFT)
         self.cross_done = j  # (schedule j's decodes' blocks are taken: ``avail``)
         alive: list[int] = ad.alive
         for i in alive:
@@ -1384,9 +1391,9 @@ class _QueueWalk:
         heapify(self.cross_ends)
         s0: list[int] = a.s0
         rem: list[int] = a.rem
-        stops: list[tuple[int, int]] = []
+        stops: list[int] = []  # (packed: _HEAP_SHIFT)
         for i in decoders:
-            stops.append((s0[i] + rem[i], i))
+            stops.append(((s0[i] + rem[i]) << _HEAP_SHIFT) | i)
         heapify(stops)
         self.stops = stops
 
@@ -1411,9 +1418,9 @@ class _QueueWalk:
         self.cross_count[residue] += 1
         self.cross_residue[i] = residue
         if push:
-            heappush(self.cross_ends, (top, i))
+            heappush(self.cross_ends, (top << _HEAP_SHIFT) | i)
         else:
-            self.cross_ends.append((top, i))
+            self.cross_ends.append((top << _HEAP_SHIFT) | i)
 
     def joined(self, participants) -> None:
         """Participants admitted at the current schedule: the blocks their admission allocates now; their decodes
@@ -1452,7 +1459,7 @@ class _QueueWalk:
         self.num_decodes += 1
         self.dbase_sum += ad.dbase[i]
         self.decoding.add(i)
-        heappush(self.stops, (a.s0[i] + a.rem[i], i))
+        heappush(self.stops, ((a.s0[i] + a.rem[i]) << _HEAP_SHIFT) | i)
 
     def decoders(self, j: int) -> list[int] | tuple[int, int]:
         """The decodes of schedule j for :meth:`_Admitting.admit`: their count and Σ contexts when the cost model
@@ -1465,7 +1472,7 @@ class _QueueWalk:
 
     def next_decode_end(self) -> int | None:
         """The first schedule without one of the current decodes (a decode's end), or None."""
-        return self.stops[0][0] if self.stops else None
+        return self.stops[0] >> _HEAP_SHIFT if self.stops else None
 
     def rest(self, j: int):
         """At schedule j: None without a prompt part-way done; else (participant, tokens, tokens computed) of the
@@ -1519,15 +1526,15 @@ class _QueueWalk:
         if s <= t:
             return None
         count: list[int] = self.cross_count
-        ends: list[tuple[int, int]] = self.cross_ends
+        ends: list[int] = self.cross_ends
         residue: dict[int, int] = self.cross_residue
         bs: int = self.bs
         order = self.order
         avail: int = self.avail
         while t < s:
             t += 1
-            while ends and ends[0][0] <= t:  # (participants whose last decode came before schedule t)
-                count[residue.pop(heappop(ends)[1])] -= 1
+            while ends and ends[0] >> _HEAP_SHIFT <= t:  # (participants whose last decode came before schedule t)
+                count[residue.pop(heappop(ends) & _HEAP_MASK)] -= 1
             n = count[t % bs]
             if n:
                 avail -= n
@@ -1541,9 +1548,10 @@ class _QueueWalk:
 
     def _stop_until(self, s: int) -> None:
         """Drop from the decoding batch the participants whose last decode came before schedule ``s``."""
-        stops, dbase = self.stops, self.ad.dbase
-        while stops and stops[0][0] <= s:
-            i = heappop(stops)[1]
+        stops: list[int] = self.stops
+        dbase = self.ad.dbase
+        while stops and stops[0] >> _HEAP_SHIFT <= s:
+            i = heappop(stops) & _HEAP_MASK
             self.num_decodes -= 1
             self.dbase_sum -= dbase[i]
             self.decoding.discard(i)
@@ -1552,9 +1560,10 @@ class _QueueWalk:
         """Move to check point ``j`` (the schedule after the last planned one): completions before it free their
         blocks, decodes that ended leave the batch, schedule j's crossings take blocks."""
         ad = self.ad
-        heap, alive = ad.heap, ad.alive
-        while heap and heap[0][0] < j:
-            i = heappop(heap)[1]
+        heap: list[int] = ad.heap
+        alive = ad.alive
+        while heap and heap[0] >> _HEAP_SHIFT < j:
+            i = heappop(heap) & _HEAP_MASK
             alive.remove(i)
             blocks = self.blocks.pop(i)
             self.avail += blocks
@@ -1570,7 +1579,8 @@ class _QueueWalk:
         planned) or has nothing to run."""
         short = self._cross_until(last)
         top = last if short is None else short - 1
-        run_end = self.stops[0][0] if self.stops and self.stops[0][0] <= top else top + 1
+        first_end = self.next_decode_end()
+        run_end = first_end if first_end is not None and first_end <= top else top + 1
         if run_end > j and not self._run(j, run_end - j):
             return False
         if run_end <= top:  # async: the requests whose last token is in flight sit out schedule `last`
@@ -1691,16 +1701,17 @@ class _Admitting:
     def free_at(self, a: _Arrivals, j: int) -> int:
         """The free blocks after schedule j's decodes' allocations, completions before it applied (negative: it
         preempts)."""
-        heap, alive = self.heap, self.alive
-        while heap and heap[0][0] < j:
-            i = heappop(heap)[1]
+        heap: list[int] = self.heap
+        alive = self.alive
+        while heap and heap[0] >> _HEAP_SHIFT < j:
+            i = heappop(heap) & _HEAP_MASK
             alive.remove(i)
             self.freed += a.held[i]
         return self.free + self.freed - a.taken_by(alive, j + 1, self.inst.kv.block_size)
 
     def next_completion(self) -> int | None:
         """The step of the next completion among the participants alive, or None."""
-        return self.heap[0][0] if self.heap else None
+        return self.heap[0] >> _HEAP_SHIFT if self.heap else None
 
     def admit(self, a: _Arrivals, reqs: list, j: int, at: float, decoders: list[int] | tuple[int, int],
               last_chunk: tuple[int, int] | None = None, rest: tuple[int, int, int] | None = None,
@@ -1807,7 +1818,7 @@ class _Admitting:
         self.dbase[i] = a.c0[i] + prompt - j - k
         self.d0[i] = j + k
         f = a.fin[i] = j + left + k - 2 + (1 if self.async_ else 0)
-        heappush(self.heap, (f, i))
+        heappush(self.heap, (f << _HEAP_SHIFT) | i)
 
 
 def _aggregate_shape(num_decodes: int, decode_sum: int, news: list[int], contexts: list[int]) -> BatchShape:
@@ -1849,7 +1860,7 @@ def _admitting(inst, running: list, computed0: list[int], rem: list[int], fin: l
     ad = _Admitting()
     ad.inst = inst
     ad.alive = list(range(n_run))
-    ad.heap = [(f, i) for i, f in enumerate(fin)]
+    ad.heap = [(f << _HEAP_SHIFT) | i for i, f in enumerate(fin)]  # (packed: _HEAP_SHIFT)
     heapify(ad.heap)
     ad.freed = 0
     ad.free = len(inst.kv.pool.free_queue) + freed
