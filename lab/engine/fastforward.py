@@ -1906,7 +1906,7 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
                                     or _numpy_segment(inst, a, stretch, kk, pad_table, async_, cpu_on))
         if not hidden or kk == top - j_lo or _past_next_arrival(seg, a.hint, async_) or seg[-1] >= stop_time:
             break
-        kk = min(top - j_lo, kk * 4)
+        kk = min(top - j_lo, _next_chunk(kk, seg, dts, a.hint))
     a.dts += dts
     a.counts += counts
     ends += seg
@@ -1957,6 +1957,17 @@ def _first_chunk(a: _Arrivals) -> int:
     if not gap < 48 * pace:
         return 64
     return max(8, int(gap / pace * 1.1) + 2)
+
+
+def _next_chunk(kk: int, seg: list[float], dts: list[float], hint: float) -> int:
+    """Schedules to price next when the first ``kk`` (end times ``seg``, step seconds ``dts``) fall short of the next
+    arrival at ``hint``: as many more as fit before it at the pace of the last one, with a tenth and the three past
+    it (:func:`_past_next_arrival`) to spare, at most four times as many (as many when no arrival is known). The
+    whole chunk is priced again: a chunk much longer than needed is discarded past the arrival's admission."""
+    if hint == float("inf"):
+        return kk * 4
+    more = int((hint - seg[-1]) / dts[-1] * 1.1) + 4 if dts[-1] > 0 else 3 * kk
+    return kk + min(max(more, 8), 3 * kk)
 
 
 def _steady_segment(inst, a: _Arrivals, stretch: Any, kk: int, pad_table: np.ndarray, async_: bool,
