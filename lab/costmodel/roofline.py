@@ -72,6 +72,7 @@ class RooflineCostModel(CostModelBase):
         self.peak = hardware.peak_flops(weight_dtype)
         self._cache: dict[tuple[int, int], dict[str, float]] = {}
         self._roof_cache: tuple[float, float, float, float, float] | None = None  # _decode_roof, once computed
+        self._prefill_cache: tuple[float, float, float, float, float, int, int, int] | None = None  # _prefill_roof
         self.attn_peak = hardware.bf16_flops
         m = model
         h = m.hidden_size
@@ -107,16 +108,7 @@ class RooflineCostModel(CostModelBase):
         return max(flops / (self.peak * e.gemm_compute), byts / (self.hw.memory_bandwidth * e.gemm_memory)) + e.kernel_launch_s
 
     def _attention(self, shape: BatchShape) -> float:
-        e = self.eff
-        m = self.model
-        if m.is_mla:
-            # prefill un-absorbed: per query/context pair 2·H·(d_qk + d_v); decode absorbed: 2·H·(2·r_kv + d_rope)
-            pair_prefill = 2.0 * self.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
-            pair_decode = 2.0 * self.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
-        else:
-            pair_prefill = pair_decode = 4.0 * self.heads * m.head_dim
-        bw = self.hw.memory_bandwidth * e.attention_memory
-        fl = self.attn_peak * e.attention_compute
+        pair_prefill, flops, kv_bytes, bandwidth, launch, heads, head_dim, abytes = self._prefill_roof()
         t = 0.0
         if shape.prefill_new:
             pairs = 0.0
@@ -124,8 +116,8 @@ class RooflineCostModel(CostModelBase):
             for q, c in zip(shape.prefill_new, shape.prefill_context):
                 pairs += q * (c + (q + 1) / 2.0)
                 kv_tokens += c + q
-            byts = kv_tokens * self.kv_layer_bytes + 2 * sum(shape.prefill_new) * self.heads * max(m.head_dim, m.v_head_dim) * self.abytes
-            t += max(pairs * pair_prefill / fl, byts / bw) + e.kernel_launch_s
+            byts = kv_tokens * kv_bytes + 2 * sum(shape.prefill_new) * heads * head_dim * abytes
+            t += max(pairs * pair_prefill / flops, byts / bandwidth) + launch
         if shape.verify_new:
             # verify queries (1 + k tokens each) run as decodes: KV read once, compute for every query (absorbed
             # pairs for MLA), one kernel with the decodes in vLLM, priced as its own roof here
@@ -134,7 +126,8 @@ class RooflineCostModel(CostModelBase):
             for q, c in zip(shape.verify_new, shape.verify_context):
                 pairs += q * (c + (q + 1) / 2.0)
                 kv_tokens += c + q
-            t += max(pairs * pair_decode / fl, kv_tokens * self.kv_layer_bytes / bw) + e.kernel_launch_s
+            pair_decode = self._decode_roof()[0]
+            t += max(pairs * pair_decode / flops, kv_tokens * kv_bytes / bandwidth) + launch
         if shape.num_decodes:
             t += self._decode_attention(shape.decode_sum + shape.num_decodes, max)
         return t
@@ -161,6 +154,25 @@ class RooflineCostModel(CostModelBase):
         roof = (pair_decode, self.attn_peak * e.attention_compute, self.kv_layer_bytes,
                 self.hw.memory_bandwidth * e.attention_memory, e.kernel_launch_s)
         self._roof_cache = roof
+        return roof
+
+    def _prefill_roof(self) -> tuple[float, float, float, float, float, int, int, int]:
+        """(FLOPs per query/context pair of un-absorbed prefill attention (MLA: 2·H·(d_qk + d_v), else 4·H·d),
+        achievable FLOP/s, KV bytes per token and layer, achievable B/s, kernel launch s, heads per rank, the larger
+        of the q/k and v head dims, activation bytes) of prefill attention; computed once, as :meth:`_decode_roof`
+        is."""
+        roof = self._prefill_cache
+        if roof is not None:
+            return roof
+        m = self.model
+        if m.is_mla:
+            pair_prefill = 2.0 * self.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+        else:
+            pair_prefill = 4.0 * self.heads * m.head_dim
+        _, flops, kv_bytes, bandwidth, launch = self._decode_roof()
+        roof = (pair_prefill, flops, kv_bytes, bandwidth, launch, self.heads, max(m.head_dim, m.v_head_dim),
+                self.abytes)
+        self._prefill_cache = roof
         return roof
 
     def _moe(self, tokens: int) -> float:
