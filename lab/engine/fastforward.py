@@ -309,41 +309,18 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
         last = env_now
     while kk:  # (kk stays above 0: the loop ends with a break)
         # schedules 0..kk-1 only: a plan rarely runs past the first chunk
-        priced = (_priced_in_floats(stretch, cost, kk, pad_table, opt, cpu_terms, async_, env_now,
-                                    first.dt if async_ else None)  # type: ignore[union-attr]
-                  if kk <= _FLOAT_PRICED else None)
-        if priced is not None:
-            counts_l, dts_l, ends_l, shown = priced
-            counts, dts, ends = np.array(counts_l, dtype=np.int64), np.array(dts_l), np.array(ends_l)
-            last = ends_l[-1]
-            if shown >= 0:
-                k = k_bound = min(k, shown)
-                kk = min(kk, k)
-                if k < 2:
-                    return None
-                break
-            if kk == k or last >= hint or last >= stop_time:
-                break
-            kk = min(k, kk * 4)
-            continue
-        counts, dts = stretch.times(cost, kk, pad_table)
-        if cpu_terms:
-            cpu = _decode_cpu(opt, counts)
-            if not async_:
-                dts = dts + cpu
-        # End times added one step at a time, as the event loop adds them (cumsum is sequential).
-        ends = _end_times(env_now, first.dt if async_ else None, dts)  # type: ignore[union-attr]
-        last = float(ends[-1])  # (read after the loop even when the CPU check below ends it)
-        if async_ and cpu_terms:
-            # schedule j's CPU work runs from the boundary it is made at (env_now, then the end of executed step
-            # j-1) and is hidden only if done by the end of executed step j; the jump stops before the first not
-            hidden = np.concatenate(([env_now], ends[:kk - 1])) + cpu <= ends[:kk]
-            if not hidden.all():
-                k = k_bound = min(k, int(np.argmin(hidden)))  # (k_bound: no arrival is planned past it)
-                kk = min(kk, k)
-                if k < 2:
-                    return None
-                break
+        in_flight_dt = first.dt if async_ else None  # type: ignore[union-attr]
+        counts, dts, ends, shown = ((_priced_in_floats(stretch, cost, kk, pad_table, opt, cpu_terms, async_, env_now,
+                                                       in_flight_dt) if kk <= _FLOAT_PRICED else None)
+                                    or _priced_with_numpy(stretch, cost, kk, pad_table, opt, cpu_terms, async_,
+                                                          env_now, in_flight_dt))
+        last = float(ends[-1])  # (read after the loop even when the CPU check ends it)
+        if shown >= 0:
+            k = k_bound = min(k, shown)  # (k_bound: no arrival is planned past it)
+            kk = min(kk, k)
+            if k < 2:
+                return None
+            break
         if kk == k or last >= hint or last >= stop_time:
             break
         kk = min(k, kk * 4)
@@ -558,12 +535,12 @@ _FLOAT_PRICED: Final = 64
 
 
 def _priced_in_floats(stretch: "_Stretch", cost, kk: int, pad_table: np.ndarray, opt, cpu_terms, async_: bool,
-                      start: float, in_flight_dt: float | None) -> tuple[list[int], list[float], list[float], int] | None:
-    """:func:`plan`'s pricing of the pure-decode schedules 0..kk-1 of ``stretch`` in plain ints and floats, the
-    same values as its numpy pricing (``_Stretch.times``, ``_decode_cpu``, :func:`_end_times`: the same float
-    operations, one step at a time): (decodes, step seconds with CPU work under sync, end times (under async the
-    step in flight's first), the first schedule whose CPU work would show under async or -1); None when the cost
-    model has no steady form."""
+                      start: float, in_flight_dt: float | None
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
+    """:func:`plan`'s pricing of the pure-decode schedules 0..kk-1 of ``stretch``, computed in plain ints and
+    floats, the same values as :func:`_priced_with_numpy` (the same float operations, one step at a time):
+    (decodes, step seconds with CPU work under sync, end times (under async the step in flight's first), the first
+    schedule whose CPU work would show under async or -1); None when the cost model has no steady form."""
     runs = stretch.steady_times(cost, kk, pad_table)
     if runs is None:
         return None
@@ -587,11 +564,32 @@ def _priced_in_floats(stretch: "_Stretch", cost, kk: int, pad_table: np.ndarray,
     for d in dts:
         end += d
         ends.append(end)
+    shown = -1
     made = start  # async: schedule j is made at the end of executed step j - 1 and must be done by that of step j
     for j, cpu in enumerate(cpus):
         if not made + cpu <= ends[j]:
-            return counts, dts, ends, j
+            shown = j
+            break
         made = ends[j]
+    return np.array(counts, dtype=np.int64), np.array(dts), np.array(ends), shown
+
+
+def _priced_with_numpy(stretch: "_Stretch", cost, kk: int, pad_table: np.ndarray, opt, cpu_terms, async_: bool,
+                       start: float, in_flight_dt: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """:func:`_priced_in_floats` through numpy, for any cost model (``_Stretch.times``)."""
+    counts, dts = stretch.times(cost, kk, pad_table)
+    if cpu_terms:
+        cpu = _decode_cpu(opt, counts)
+        if not async_:
+            dts = dts + cpu
+    # End times added one step at a time, as the event loop adds them (cumsum is sequential).
+    ends = _end_times(start, in_flight_dt, dts)
+    if async_ and cpu_terms:
+        # schedule j's CPU work runs from the boundary it is made at (the start, then the end of executed step
+        # j-1) and is hidden only if done by the end of executed step j; the jump stops before the first not
+        hidden = np.concatenate(([start], ends[:kk - 1])) + cpu <= ends[:kk]
+        if not hidden.all():
+            return counts, dts, ends, int(np.argmin(hidden))
     return counts, dts, ends, -1
 
 
