@@ -9,7 +9,7 @@ holds and the hashes of its full blocks. There is no prefill or decode phase: a 
 from __future__ import annotations
 
 import enum
-from typing import Sequence
+from typing import Any, Sequence
 
 
 class RequestStatus(enum.IntEnum):
@@ -80,7 +80,7 @@ class Request:
         if hash_block_size < 1:
             raise ValueError(f"request {index}: hash_block_size must be >= 1, got {hash_block_size}")
         self.index = index
-        self.request_id = request_id if request_id is not None else str(index)
+        self.request_id: Any = request_id if request_id is not None else str(index)
         self.arrival_time = float(arrival_time)
         self.prompt_len = int(prompt_tokens)
         self.max_tokens = int(output_tokens)
@@ -89,7 +89,7 @@ class Request:
         self.output_token_ids = output_token_ids
         self.hash_ids = hash_ids
         self.hash_block_size = hash_block_size
-        self.status = RequestStatus.WAITING
+        self.status: RequestStatus = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
         # vLLM's num_output_placeholders (P): tokens that steps still in flight will sample (async scheduling only;
@@ -108,7 +108,7 @@ class Request:
         self.finish_time: float | None = None
         self.prefix_hit_tokens = 0
         self.prefix_hit_recorded = False
-        self.reason = ""
+        self.reason: str = ""
         self.instance_id = 0
         # (time, event) or (time, event, detail) tuples: "arrived", "scheduled", "preempted", "resumed",
         # "first_token", "finished", "rejected"; the detail says why (preemption cause, swap or recompute).
@@ -118,7 +118,7 @@ class Request:
         self.num_swaps = 0
         # Tokens of KV copied back from the CPU tier (KV offloading) instead of computed, over all admissions.
         self.cpu_loaded_tokens = 0
-        self.session_id = session_id
+        self.session_id: Any = session_id
         # async scheduling with pipeline parallelism (vLLM V2 runner): the first scheduler step at which a decode of
         # this request may be scheduled again (shared/specs/vllm-v1-scheduling.md §4)
         self.next_decode_eligible_step = 0
@@ -126,7 +126,7 @@ class Request:
         # the last stage (seconds); a later micro-batch with this request cannot enter stage 0 before then
         self.token_ready_at = 0.0
         # name of the pool of the instance serving it (lab/cluster); "" in a single-pool deployment
-        self.pool = ""
+        self.pool: str = ""
         # output tokens at which the request leaves its instance: max_tokens (it finishes), or fewer when a pool
         # hands it on to another pool after that many tokens (lab/cluster; prefill/decode disaggregation)
         self.stop_at = self.max_tokens
@@ -144,7 +144,7 @@ class Request:
         # draws taken from this request's acceptance stream (lab/core/speculation.py)
         self.spec_draws = 0
         # prefill/decode disaggregation: the KV another instance computed for it (lab/core/remote_kv.py), or None
-        self.remote = None
+        self.remote: Any = None
         # a closed-loop warm-up request (lab/workload/closed_loop.py): served, but left out of the metrics
         self.warmup = False
         # the API server in front of the engine (lab/cluster/frontend.py): when the client sent the request (seconds;

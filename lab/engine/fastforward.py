@@ -193,7 +193,7 @@ class Plan:
 def steady_batch(inst) -> bool:
     """Whether the instance's state allows a jump now (see the module docstring; with requests waiting, plan checks
     the head at the first schedule unless ``Instance.steady``)."""
-    running = inst.running
+    running: list[Request] = inst.running
     if not running:
         return False
     cfg = inst.config
@@ -214,8 +214,8 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     schedule that showed the waiting head blocked (a completion, a preemption, an arrival, or no such schedule),
     so schedule 0 must be checked to leave it blocked too."""
     env_now = inst.now
-    running = inst.running
-    kv = inst.kv
+    running: list[Request] = inst.running
+    kv: KVCacheManager = inst.kv
     bs = kv.block_size
     async_ = inst.async_scheduling
     if async_:
@@ -245,11 +245,11 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     for i, r in enumerate(running):
         c = r.num_computed_tokens
         o = r.num_output_tokens
-        p = r.num_output_placeholders
+        ph = r.num_output_placeholders
         if async_:
-            if p != 1 or c != r.prompt_len + o:
+            if ph != 1 or c != r.prompt_len + o:
                 return None
-        elif p or c != r.prompt_len + o - 1:
+        elif ph or c != r.prompt_len + o - 1:
             return None
         if r.last_token_time != env_now:
             # async: the step in flight runs every request and each samples at its end. One whose last prompt
@@ -269,7 +269,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
             return None
         computed0.append(c)
         outputs0.append(o)
-        rem.append(r.stop_at - o - p)
+        rem.append(r.stop_at - o - ph)
     # Request i finishes at the output of step f_i: sync rem-1, async rem (step 0 is the one in flight).
     fin = [m if async_ else m - 1 for m in rem]
     # k schedules: no schedule without participants; with requests waiting, stop right after the first completion
@@ -421,7 +421,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
 _PREEMPTS = "preempts"  # _cut_at_schedule_zero: schedule 0 runs out of KV blocks
 
 
-def _cut_at_schedule_zero(inst, running: list, check_head: bool) -> bool | str:
+def _cut_at_schedule_zero(inst, running: list[Request], check_head: bool) -> bool | str:
     """Whether schedule 0 of a jump already ends it, by the tests :func:`_bound` makes first, in one cheap pass over
     the batch before the plan's own: it runs out of KV blocks (each decode whose context fills its last block
     takes one: it preempts; ``_PREEMPTS`` is returned, :func:`_decode_victims` may plan it), or, with
@@ -448,7 +448,7 @@ def _cut_at_schedule_zero(inst, running: list, check_head: bool) -> bool | str:
         return _PREEMPTS
     if not check_head:
         return False
-    head = inst.waiting.peek()
+    head: Request = inst.waiting.peek()
     scheduler = inst.scheduler
     n = len(running)
     if scheduler.head_stays_blocked(inst, head, n, num_decodes, avail):
@@ -463,7 +463,7 @@ def _cut_at_schedule_zero(inst, running: list, check_head: bool) -> bool | str:
     return hit is None or not scheduler.admits_resumed(inst, head, hit, n, num_decodes, avail, left)
 
 
-def _decode_victims(inst, running: list) -> list[tuple[int, Request, str]] | None:
+def _decode_victims(inst, running: list[Request]) -> list[tuple[int, Request, str]] | None:
     """Schedule 0's preemptions when its decodes run out of KV blocks, as the scheduler declares them
     (``SchedulerBase.decode_preemption_reason``): the decodes take their blocks in running order; one that finds
     none free preempts the last running request (its blocks, each held by it alone, go back to the free queue),
@@ -501,17 +501,17 @@ def _decode_victims(inst, running: list) -> list[tuple[int, Request, str]] | Non
     return victims if len(victims) < len(running) else None  # type: ignore[return-value]
 
 
-def _resumed_hit(inst, head, num_taken: int) -> int | None:
+def _resumed_hit(inst, head: Request, num_taken: int) -> int | None:
     """The prefix-hit tokens of the waiting ``head``, preempted before (recompute) under prefix caching, at
     schedule 0 once its decodes have taken ``num_taken`` blocks from the free queue (its own freed blocks still
     free then: ``KVCacheManager.own_hit_after``); None for any other head (its hit is none, or not its own)."""
-    kv = inst.kv
+    kv: KVCacheManager = inst.kv
     if head.prev_blocks is None or not kv.enable_prefix_caching or head.num_computed_tokens:
         return None
     return kv.own_hit_after(head, num_taken)
 
 
-def _walks_queue(inst, running: list) -> bool:
+def _walks_queue(inst, running: list[Request]) -> bool:
     """Whether a jump may go on through admissions of the waiting queue's heads (:func:`_through_queue`): no
     completion triggers an arrival or leaves for another pool, arrivals join the back of the queue, and
     :func:`_arrivals_allowed`."""
@@ -717,12 +717,12 @@ class KnownArrivals:
         return requests[i] if i < len(requests) else None
 
 
-def planned_arrival(plan: Plan, request) -> bool:
+def planned_arrival(plan: Plan, request: Request) -> bool:
     """Whether the jump ``plan`` admits ``request`` (an arrival it planned: it only joins the waiting queue)."""
     return id(request) in plan.planned
 
 
-def _arrivals_allowed(inst, running: list, caching: bool) -> bool:
+def _arrivals_allowed(inst, running: list[Request], caching: bool) -> bool:
     """Whether a jump may plan admissions on this instance now: one pipeline stage, no CPU KV tier, no swap copy
     pending, and (with prefix caching) no running request whose blocks others may share (their frees are then
     exact block counts)."""
@@ -914,7 +914,7 @@ class _EndsStretch:
                         cost.uses_decode_range).times(cost, kk, pad_table)
 
 
-def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, running: list, computed0: list[int],
+def _through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, running: list[Request], computed0: list[int],
                       rem: list[int], fin: list[int], dts: np.ndarray, counts: np.ndarray, ends: list[float],
                       cap: int, stop_time: float, pad_table: np.ndarray) -> _Arrivals:
     """Extend a planned stretch of decodes (``dts``, ``counts``, ``ends``: schedules from ``start``) through the
@@ -1008,7 +1008,7 @@ def _admits_all(inst, group: list, num_running: int, num_decodes: int, num_free_
     by the scheduler's declared rule (``SchedulerBase.admits_whole``), each after those before it, as
     :func:`_heads_admitted` applies it to a queue's heads."""
     scheduler = inst.scheduler
-    kv = inst.kv
+    kv: KVCacheManager = inst.kv
     cfg = inst.config
     num_scheduled_tokens = num_decodes
     left = len(group)
@@ -1019,13 +1019,14 @@ def _admits_all(inst, group: list, num_running: int, num_decodes: int, num_free_
         left -= 1
         if left:
             prompt = r.num_tokens
-            num_free_blocks -= kv.blocks_to_admit(r, prompt, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
+            need: Any = kv.blocks_to_admit(r, prompt, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
+            num_free_blocks -= need
             num_running += 1
             num_scheduled_tokens += prompt
     return True
 
 
-def _through_queue(inst, running: list, computed0: list[int], rem: list[int], fin: list[int], dts: np.ndarray,
+def _through_queue(inst, running: list[Request], computed0: list[int], rem: list[int], fin: list[int], dts: np.ndarray,
                    counts: np.ndarray, ends: list[float], cap: int, stop_time: float, pad_table: np.ndarray,
                    after: Any, victims: list | None = None) -> _Arrivals:
     """Extend a planned stretch of decodes that ends with the completion at step ``after`` (``dts``, ``counts``,
@@ -1072,7 +1073,7 @@ def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder | None:
     and its preemptions ``victims`` in running order, and up to schedule ``j`` each step's completions and each
     schedule's takes (the decodes of the running requests only: the walk starts before any admission). None when
     there is no head to follow."""
-    kv = inst.kv
+    kv: KVCacheManager = inst.kv
     bs = kv.block_size
     fq = kv.pool.free_queue
     order = _FreeOrder(fq.n, kv.pool.prepend_unhashed)
@@ -1124,7 +1125,7 @@ def _crossings(a: _Arrivals, lo: int, hi: int, bs: int) -> int:
     return total
 
 
-def _track_runs(order: _FreeOrder, kv, heads: list) -> None:
+def _track_runs(order: _FreeOrder, kv, heads: list[Request]) -> None:
     """Find the live own blocks of ``heads`` (preempted, content unique to them) in the free queue, head first; a
     head whose blocks are not one run of consecutive entries, last block first, or lie deep in the queue, is not
     tracked (its hit is then not planned)."""
@@ -1134,7 +1135,8 @@ def _track_runs(order: _FreeOrder, kv, heads: list) -> None:
     want: dict[int, tuple[Request, int]] = {}  # block -> (head, index in its blocks)
     live: dict[int, int] = {}
     for h in heads:
-        blocks, seqs = h.prev_blocks
+        prev: Any = h.prev_blocks
+        blocks, seqs = prev
         n = 0
         while n < len(seqs) and not rc[blocks[n]] and fs[blocks[n]] == seqs[n]:
             want[blocks[n]] = (h, n)
@@ -1321,11 +1323,11 @@ class _FreeOrder:
             self.runs[id(owner)] = (self.end, self.end + num_full)
         self.end += num_full
 
-    def track(self, request, start: int, length: int) -> None:
+    def track(self, request: Request, start: int, length: int) -> None:
         """``request``'s live own blocks are main positions start..start+length-1 (free at the jump's start)."""
         self.runs[id(request)] = (start, start + length)
 
-    def hit(self, request, bs: int, drop_last: bool) -> int | None:
+    def hit(self, request: Request, bs: int, drop_last: bool) -> int | None:
         """The prefix-hit tokens ``request`` would get now, or None when its run is not tracked."""
         run = self.runs.get(id(request))
         if run is None:
@@ -1337,7 +1339,7 @@ class _FreeOrder:
             n -= 1
         return n * bs
 
-    def touch(self, request, hit_blocks: int) -> None:
+    def touch(self, request: Request, hit_blocks: int) -> None:
         """``request`` admitted with ``hit_blocks`` of its run as its hit: they leave the queue (the run's end)."""
         end = self.runs.pop(id(request))[1]
         if hit_blocks:  # (its first blocks: the run's last entries)
@@ -1631,7 +1633,7 @@ class _QueueWalk:
         return True
 
 
-def _heads_admitted(inst, heads: list, m: int, num_running: int, num_scheduled_tokens: int, num_free_blocks: int,
+def _heads_admitted(inst, heads: list[Request], m: int, num_running: int, num_scheduled_tokens: int, num_free_blocks: int,
                     num_waiting: int, first_hit: int | None = None) -> tuple[int, tuple[int, int] | None] | None:
     """How many of the waiting heads ``heads[m:]`` (service order; ``num_waiting`` wait from ``heads[m]`` on) a
     schedule admits before one it leaves blocked (0: the first stays blocked), by the scheduler's declared rules,
@@ -1643,7 +1645,7 @@ def _heads_admitted(inst, heads: list, m: int, num_running: int, num_scheduled_t
     give it that prefix hit (:func:`_resumed_hit`), admitted by ``SchedulerBase.admits_resumed`` to compute the
     rest."""
     scheduler = inst.scheduler
-    kv = inst.kv
+    kv: KVCacheManager = inst.kv
     cfg = inst.config
     taken = 0
     for head in heads[m:]:
@@ -1662,7 +1664,8 @@ def _heads_admitted(inst, heads: list, m: int, num_running: int, num_scheduled_t
         else:
             computed = prompt
         # (a hit block leaves the free queue as a new block would: the whole sequence's blocks)
-        num_free_blocks -= kv.blocks_to_admit(head, prompt, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
+        need: Any = kv.blocks_to_admit(head, prompt, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
+        num_free_blocks -= need
         num_running += 1
         num_scheduled_tokens += computed
         taken += 1
@@ -1711,7 +1714,7 @@ class _Admitting:
         """The step of the next completion among the participants alive, or None."""
         return self.heap[0] >> _HEAP_SHIFT if self.heap else None
 
-    def admit(self, a: _Arrivals, reqs: list, j: int, at: float, decoders: list[int] | tuple[int, int],
+    def admit(self, a: _Arrivals, reqs: list[Request], j: int, at: float, decoders: list[int] | tuple[int, int],
               last_chunk: tuple[int, int] | None = None, rest: tuple[int, int, int] | None = None,
               first_hit: int | None = None) -> bool:
         """Plan schedule j (made at ``at``) as the decodes of ``decoders`` (participants; or their count and Σ
@@ -1836,7 +1839,7 @@ def _aggregate_shape(num_decodes: int, decode_sum: int, news: list[int], context
                       [], num_decodes, decode_sum, 0, 0)
 
 
-def _admitting(inst, running: list, computed0: list[int], rem: list[int], fin: list[int], dts: np.ndarray,
+def _admitting(inst, running: list[Request], computed0: list[int], rem: list[int], fin: list[int], dts: np.ndarray,
                counts: np.ndarray, ends: list[float], freed: int = 0) -> tuple[_Arrivals, _Admitting]:
     """A planned stretch of decodes of ``running`` (``dts``, ``counts``, ``ends``) as the start of a jump to be
     extended through admissions: the participants so far (the running requests) and their bookkeeping;
@@ -1997,7 +2000,7 @@ def _steady_segment(inst, a: _Arrivals, stretch: Any, kk: int, pad_table: np.nda
     return counts, dts, seg, True
 
 
-def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin: list[int], k: int, bs: int,
+def _bound(inst, head, running: list[Request], computed0: list[int], rem: list[int], fin: list[int], k: int, bs: int,
            free: int, async_: bool, check_head: bool = False) -> tuple[int, int | None]:
     """How many of schedules 0..k-1 the jump may make: ``(k', f)``, where ``f`` is the completion step after which
     the next schedule may admit the waiting ``head`` (the jump then ends with that step, ``k' = f + 1``), or None.
@@ -2088,7 +2091,7 @@ def _bound(inst, head, running: list, computed0: list[int], rem: list[int], fin:
                 return f + 1, f
 
 
-def _blocks_freed(request, ref_cnt: list[int], ref_left: dict[int, int], caching: bool) -> int:
+def _blocks_freed(request: Request, ref_cnt: list[int], ref_left: dict[int, int], caching: bool) -> int:
     """Blocks a completing request's held blocks free (those the jump allocates are its own): all of them unless
     prefix caching may share them, then those it is the last holder of (``ref_cnt``: the pool's counts;
     ``ref_left``: holders left of the blocks of requests already completed in the jump, updated)."""
@@ -2259,7 +2262,7 @@ def _sync_counters(plan: Plan, indices: list[int], n_sched: int, n_out: int) -> 
     if plan.s0 is not None:
         _sync_admitted_counters(plan, indices, n_sched, n_out)
         return
-    reqs = plan.reqs
+    reqs: list[Request] = plan.reqs
     async_ = plan.async_
     ends_list = plan.ends_list
     cu = plan.caching_unique
@@ -2308,7 +2311,7 @@ def _sync_admitted_counters(plan: Plan, indices: list[int], n_sched: int, n_out:
     prompt at the first, or in chunks at the first few) and, for an admitted request, its outputs one step
     after each schedule that samples (sync: the same step). A participant whose first schedule is not applied yet
     is left as it is."""
-    reqs = plan.reqs
+    reqs: list[Request] = plan.reqs
     async_ = plan.async_
     off = 1 if async_ else 0
     ends_list = plan.ends_list
@@ -2374,7 +2377,7 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
     kv: KVCacheManager = inst.kv  # (typed: the compiled build calls the pool natively, once a block)
     pool: BlockPool = kv.pool
     bs = kv.block_size
-    reqs = plan.reqs
+    reqs: list[Request] = plan.reqs
     usable = pool.num_gpu_blocks - 1
     events: list[int] = plan.events
     ev_pos: int = plan._ev_pos
@@ -2460,8 +2463,9 @@ def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
         waiting.remove(r)
     gate = inst.config.scheduler_reserve_full_isl  # as allocate_waiting passes it (a check only: it holds)
     chunk = plan.chunks[i][0]
-    kv = inst.kv
-    hits, num_hit = [], 0
+    kv: KVCacheManager = inst.kv
+    hits: list[int] = []
+    num_hit = 0
     if r.prev_blocks is not None and kv.enable_prefix_caching:  # its own blocks freed by its preemption
         hits, num_hit = kv.get_computed_blocks(r)
         if num_hit != plan.computed0[i]:
@@ -2496,7 +2500,7 @@ def _rest_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
         RuntimeError: its blocks could not be allocated (the plan's KV accounting is wrong).
     """
     r = plan.reqs[i]
-    kv = inst.kv
+    kv: KVCacheManager = inst.kv
     t = j - plan.s0[i]  # the chunk's index
     chunks = plan.chunks[i]
     done = sum(chunks[:t + 1])
@@ -2509,7 +2513,7 @@ def _rest_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
         _first_sample(inst, plan, r, j, n_out)
 
 
-def _first_sample(inst, plan: Plan, r, j: int, n_out: int) -> None:
+def _first_sample(inst, plan: Plan, r: Request, j: int, n_out: int) -> None:
     """Request ``r``'s sample at the end of the step of planned schedule ``j`` (its prompt's last), if that step
     is among the ``n_out`` applied (else the step is left in flight and gives it as any step does): its first
     token, or for a request resumed after a preemption its next, an ITL sample from its previous one."""
@@ -2670,10 +2674,10 @@ def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
     done = plan.finish_at.get(q)
     if not done:
         return
-    kv = inst.kv
+    kv: KVCacheManager = inst.kv
     end = plan.ends_list[q]
     _sync_counters(plan, done, n_sched, q + 1)
-    reqs = plan.reqs
+    reqs: list[Request] = plan.reqs
     gone = set()
     for i in done:
         r = reqs[i]
