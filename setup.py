@@ -19,7 +19,7 @@ import sys
 from setuptools import setup
 
 # The hot core, as file paths (kept equal to lab.core.native.COMPILED_MODULES; tests/test_compiled_core.py checks).
-HOT_CORE = ["lab/core/request.py", "lab/core/kv_cache.py", "lab/costmodel/roofline.py", "lab/engine/fastforward.py"]
+HOT_CORE = ["lab/core/request.py", "lab/core/batch.py", "lab/core/kv_cache.py", "lab/costmodel/roofline.py", "lab/engine/fastforward.py"]
 
 
 def _ext_modules() -> list:

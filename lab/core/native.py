@@ -17,7 +17,7 @@ import sys
 from types import ModuleType
 
 # Kept equal to setup.py's HOT_CORE (tests/test_compiled_core.py checks).
-COMPILED_MODULES = ("lab.core.request", "lab.core.kv_cache", "lab.costmodel.roofline", "lab.engine.fastforward")
+COMPILED_MODULES = ("lab.core.request", "lab.core.batch", "lab.core.kv_cache", "lab.costmodel.roofline", "lab.engine.fastforward")
 
 PURE_PYTHON_ENV = "SERVELAB_PURE_PYTHON"
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder holding lab/
