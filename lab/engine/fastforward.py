@@ -2678,13 +2678,17 @@ def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
     end = plan.ends_list[q]
     _sync_counters(plan, done, n_sched, q + 1)
     reqs: list[Request] = plan.reqs
-    gone = set()
     for i in done:
-        r = reqs[i]
-        inst.complete(r, end)
-        gone.add(id(r))
-    # (every other request in the running list is RUNNING: only these changed status)
-    inst.running = [r for r in inst.running if id(r) not in gone]
+        inst.complete(reqs[i], end)
+    # (every other request in the running list is RUNNING: only these changed status; a new list, as the running
+    # list may be shared with the step in flight)
+    running: list[Request] = inst.running
+    if len(done) == 1:  # (most often: compared by identity, without a set of ids)
+        only = reqs[done[0]]
+        inst.running = [r for r in running if r is not only]
+    else:
+        gone = {id(reqs[i]) for i in done}
+        inst.running = [r for r in running if id(r) not in gone]
     if plan.num_waiting and q == plan.admit_after:
         inst.steady = False  # the schedule after this completion may admit: it is a real one
 
