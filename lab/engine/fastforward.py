@@ -1082,8 +1082,10 @@ def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder | None:
         _track_runs(order, kv, heads)
     if not victims and not order.runs:
         return None
-    n_run = a.n_run
-    dfirst, rem = a.dfirst, a.rem
+    n_run: int = a.n_run
+    dfirst: list[int] = a.dfirst
+    rem: list[int] = a.rem
+    fin: list[int] = a.fin
     taken = 0  # schedule 0's takes so far, in running order; each group of victims is freed before its decode's
     for i in range(n_run):
         for before, v, _ in victims:
@@ -1100,8 +1102,8 @@ def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder | None:
     async_ = inst.async_scheduling
     completing: dict[int, list[int]] = {}  # step -> participants completing at its output, before schedule j
     for i in range(n_run):
-        if a.fin[i] < j:
-            completing.setdefault(a.fin[i], []).append(i)
+        if fin[i] < j:
+            completing.setdefault(fin[i], []).append(i)
     done = 0  # schedules whose takes are counted
     for f in sorted(completing):
         order.take(_crossings(a, done + 1, f, bs))  # schedules up to the one before this completion's free
@@ -1117,7 +1119,11 @@ def _crossings(a: _Arrivals, lo: int, hi: int, bs: int) -> int:
     """Blocks the running participants' decodes take in schedules lo..hi: participant i at schedules dfirst_i,
     dfirst_i + bs, ... below its rem_i."""
     total = 0
-    for d, m in zip(a.dfirst[:a.n_run], a.rem[:a.n_run]):
+    dfirst: list[int] = a.dfirst
+    rem: list[int] = a.rem
+    for i in range(a.n_run):
+        d = dfirst[i]
+        m = rem[i]
         first = d if d >= lo else d + (lo - d + bs - 1) // bs * bs
         last = hi if hi < m - 1 else m - 1
         if last >= first:
@@ -2171,6 +2177,8 @@ def _block_events(computed0: list[int], rem: list[int], k: int, bs: int, async_:
     """The decodes' block operations (:func:`_event`: schedule j, request position, kind) in execution order; kind
     0 = take a new block, 1 = register the block that just filled. Within one request's allocation the new block
     comes first (vLLM ``allocate_slots``)."""
+    if not caching or all(unique):
+        return _new_block_events(computed0, rem, k, bs)
     ev: list[int] = []
     shift = _EV_SCHEDULE_SHIFT
     for i, c in enumerate(computed0):
@@ -2184,6 +2192,29 @@ def _block_events(computed0: list[int], rem: list[int], k: int, bs: int, async_:
             for j in range(((-c) % bs) if async_ else ((-c - 1) % bs), top, bs):
                 ev.append((j << shift) | register)
     ev.sort()
+    return ev
+
+
+def _new_block_events(computed0: list[int], rem: list[int], k: int, bs: int) -> list[int]:
+    """:func:`_block_events` when no block is registered (kind 0 only), made in order without a sort: request i
+    takes a new block at the schedules j = (-computed0[i]) mod bs, + bs, ... below min(rem[i], k), so the requests
+    are grouped by that residue, and each schedule j reads the group of j mod bs (in position order), dropping
+    the requests past their last schedule."""
+    tops = [m if m < k else k for m in rem]
+    groups: list[list[int]] = [[] for _ in range(bs)]
+    for i, c in enumerate(computed0):
+        groups[(-c) % bs].append(i)
+    ev: list[int] = []
+    shift = _EV_SCHEDULE_SHIFT
+    for j in range(max(tops, default=0)):
+        members = groups[j % bs]
+        if not members:
+            continue
+        if any(tops[i] <= j for i in members):
+            members = groups[j % bs] = [i for i in members if tops[i] > j]
+        base = j << shift
+        for i in members:
+            ev.append(base | (i << _EV_POS_SHIFT) | 1)  # (_event(j, i, 0))
     return ev
 
 
