@@ -18,6 +18,24 @@ def test_plain_csv_sorts_by_arrival_and_keeps_ids(tmp_path):
     assert (rs[0].arrival_time, rs[0].prompt_len, rs[0].max_tokens, rs[1].priority) == (0.5, 20, 3, 1)
 
 
+def test_a_request_takes_numpy_counts_and_keeps_python_ints():
+    """Scripts build requests from numpy arrays: the counts are kept as ints (the compiled Request stores ints, so
+    either core must convert them), and a count below 1 or a fractional index is refused."""
+    import numpy as np
+
+    from lab.core.request import Request
+
+    r = Request(np.int64(3), np.float64(1.5), np.int64(20), np.int32(4), priority=np.int64(2),
+                hash_block_size=np.int64(16))
+    got = (r.index, r.arrival_time, r.prompt_len, r.max_tokens, r.priority, r.hash_block_size, r.request_id)
+    assert got == (3, 1.5, 20, 4, 2, 16, "3")
+    assert all(type(v) is int for v in (r.index, r.prompt_len, r.max_tokens, r.priority, r.hash_block_size))
+    with pytest.raises(ValueError, match="request 0: output_tokens must be >= 1, got 0"):
+        Request(0, 0.0, 5, np.int64(0))
+    with pytest.raises(TypeError):
+        Request(1.5, 0.0, 5, 3)
+
+
 @pytest.mark.parametrize("body,msg", [
     ("arrival_time_s,prompt_tokens\n0,1\n", "missing column"),
     ("arrival_time_s,prompt_tokens,output_tokens\n0,10,5\n1,0,5\n", "row 3: prompt_tokens must be an integer >= 1, got 0"),

@@ -9,7 +9,8 @@ holds and the hashes of its full blocks. There is no prefill or decode phase: a 
 from __future__ import annotations
 
 import enum
-from typing import Any, Sequence
+import operator
+from typing import Any, Sequence, SupportsIndex, SupportsInt
 
 
 class RequestStatus(enum.IntEnum):
@@ -61,25 +62,26 @@ class Request:
 
     def __init__(
         self,
-        index: int,
+        index: SupportsIndex,
         arrival_time: float,
-        prompt_tokens: int,
-        output_tokens: int,
-        priority: int = 0,
+        prompt_tokens: Any,
+        output_tokens: Any,
+        priority: SupportsInt = 0,
         request_id: str | None = None,
         prompt_token_ids: Sequence[int] | None = None,
         output_token_ids: Sequence[int] | None = None,
         hash_ids: Sequence[int] | None = None,
-        hash_block_size: int = 512,
+        hash_block_size: Any = 512,
         session_id: str | None = None,
     ) -> None:
+        # (the counts are taken as any number type, numpy's too, and kept as ints: the compiled class stores ints)
         if prompt_tokens < 1:
             raise ValueError(f"request {index}: prompt_tokens must be >= 1, got {prompt_tokens}")
         if output_tokens < 1:
             raise ValueError(f"request {index}: output_tokens must be >= 1, got {output_tokens}")
         if hash_block_size < 1:
             raise ValueError(f"request {index}: hash_block_size must be >= 1, got {hash_block_size}")
-        self.index = index
+        self.index = operator.index(index)
         self.request_id: Any = request_id if request_id is not None else str(index)
         self.arrival_time = float(arrival_time)
         self.prompt_len = int(prompt_tokens)
@@ -88,7 +90,7 @@ class Request:
         self.prompt_token_ids = prompt_token_ids
         self.output_token_ids = output_token_ids
         self.hash_ids = hash_ids
-        self.hash_block_size = hash_block_size
+        self.hash_block_size = int(hash_block_size)
         self.status: RequestStatus = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
