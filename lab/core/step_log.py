@@ -150,10 +150,11 @@ class StepLogSummarized(ValueError):
 
 
 def _floats(values) -> array:
-    """A float array of ``values`` (a sequence, or a numpy array: copied as raw bytes)."""
+    """A float array of ``values`` (a sequence, or a numpy array: copied as raw bytes, converted first only when it
+    does not hold float64 already)."""
     if isinstance(values, np.ndarray):
         out = array("d")
-        out.frombytes(values.astype(np.float64).tobytes())
+        out.frombytes(values.astype(np.float64, copy=False).tobytes())
         return out
     return array("d", values)
 

@@ -2568,20 +2568,28 @@ def _effects(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
             inst.itl.add(end - plan.reqs[i].last_token_time)
         # schedule 0's victims were in the step in flight: their tokens from it are dropped (and no longer in
         # flight), as Instance.finish_step drops the output of a request preempted meanwhile
-        victims = {id(v) for _, v, _ in plan.victims}
+        victims = [v for _, v, _ in plan.victims]
         if plan.new_first:
             for r in first.requests:
-                if r.first_token_time is None and id(r) not in victims:
+                if r.first_token_time is None and not _among(r, victims):
                     record_first_token(r, end)
         if victims:
             for r, n in zip(first.requests, first.num_new_tokens):
-                if id(r) in victims:
+                if _among(r, victims):
                     r.inflight_tokens -= n
         _finishes(inst, plan, 0, n_sched)
         q = 1
     last = q1 - 1
     if last >= q:
         _finishes(inst, plan, last, n_sched)
+
+
+def _among(r: Request, requests: list[Request]) -> bool:
+    """Whether ``r`` is one of ``requests`` (a few), by identity."""
+    for x in requests:
+        if x is r:
+            return True
+    return False
 
 
 def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
