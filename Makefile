@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.servelab-installed
 NATIVE := $(VENV)/.servelab-native
 
-.PHONY: demo test bench clean bytecode
+.PHONY: demo test calibration-checks bench clean bytecode
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,11 +33,15 @@ demo: bytecode
 	$(BIN)/servelab run experiments/demo.yaml
 
 # With the hot core compiled, the tests that patch its functions to watch them skip; they run again on its sources.
+# The slow cost-model accuracy checks (about a minute each) run in their own target, which CI runs as well.
 test: bytecode
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not calibration_check"
 	@if $(BIN)/python -c "import sys, lab.core.native as n; sys.exit(0 if n.compiled_modules() else 1)"; then \
 	  echo "SERVELAB_PURE_PYTHON=1: the tests that watch the hot core, on its sources"; \
 	  SERVELAB_PURE_PYTHON=1 $(BIN)/python -m pytest -m instruments_core; fi
+
+calibration-checks: bytecode
+	$(BIN)/python -m pytest -m calibration_check
 
 bench: bytecode
 	$(BIN)/servelab bench

@@ -28,6 +28,9 @@ CORE_COMPILED = bool(native.compiled_modules())
 def pytest_configure(config):
     config.addinivalue_line("markers", "instruments_core: patches or subclasses hot-core code; runs on the "
                             "pure-Python sources (make test runs these again with SERVELAB_PURE_PYTHON=1)")
+    config.addinivalue_line("markers", "calibration_check: a slow accuracy check of the cost model against "
+                            "held-out measured profiles (about a minute each); make test leaves these to "
+                            "make calibration-checks, which .ci/run runs too")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,6 +6,7 @@ from lab.costmodel import checks
 from tests.conftest import DATA_DIR, needs_data
 
 
+@pytest.mark.calibration_check
 @needs_data("calibration", "aiconfigurator", "perf_db", "h100_sxm")
 @needs_data("calibration", "llmservingsim", "v1.0.0", "H100")
 @needs_data("calibration", "vidur", "compute", "h100")
@@ -19,6 +20,7 @@ def test_cross_source_gemm_time_of_one_llama8b_step_agrees():
     assert set(df["attention_source"][df["family"] == "aiconfigurator"]) == {"table"}
 
 
+@pytest.mark.calibration_check
 @needs_data("calibration", "splitwise_sim", "perf_model.csv")
 @needs_data("calibration", "aiconfigurator", "perf_db", "h100_sxm")
 @needs_data("calibration", "vidur", "compute", "a100")
