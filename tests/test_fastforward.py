@@ -731,3 +731,19 @@ def test_decode_runs_kept_by_end_price_as_the_sorted_stretch(batch, added, j_lo,
     pad = np.arange(200)
     want = _Stretch([b + j_lo for _, b in left], [e - j_lo for e, _ in left], False).steady_times(_SumsOnly(), kk, pad)
     assert ends.stretch(j_lo).steady_times(_SumsOnly(), kk, pad) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 400)), max_size=40), st.integers(0, 300),
+       st.sampled_from([1, 2, 16, 32]))
+def test_new_block_events_come_in_the_order_a_sort_gives(requests, k, bs):
+    """A jump's new-block events made by residue groups (no block registered) are, one for one and in order, the
+    kind-0 events of the path that also registers blocks and sorts them all."""
+    from lab.engine import fastforward as ff
+
+    computed0 = [c for c, _ in requests]
+    rem = [m for _, m in requests]
+    grouped = ff._block_events(computed0, rem, k, bs, False, False, [True] * len(requests))
+    with_registers = ff._block_events(computed0, rem, k, bs, False, True, [False] * len(requests))
+    assert grouped == [e for e in with_registers if (e & 7) == 1]
+    assert grouped == sorted(grouped)
