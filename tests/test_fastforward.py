@@ -745,5 +745,5 @@ def test_new_block_events_come_in_the_order_a_sort_gives(requests, k, bs):
     rem = [m for _, m in requests]
     grouped = ff._block_events(computed0, rem, k, bs, False, False, [True] * len(requests))
     with_registers = ff._block_events(computed0, rem, k, bs, False, True, [False] * len(requests))
-    assert grouped == [e for e in with_registers if (e & 7) == 1]
+    assert grouped == [e for e in with_registers if (e & ff._EV_KIND_MASK) == 1]  # (kind 0: a new block)
     assert grouped == sorted(grouped)

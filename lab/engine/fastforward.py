@@ -99,6 +99,7 @@ MAX_JUMP_STEPS = 4096
 _EV_SCHEDULE_SHIFT: Final = 32
 _EV_POS_SHIFT: Final = 3
 _EV_POS_MASK: Final = (1 << 29) - 1
+_EV_KIND_MASK: Final = (1 << _EV_POS_SHIFT) - 1  # (kind + 1, in the low bits)
 
 
 # The heaps of a jump's coming events (completions, decode ends, crossing ends: a schedule and a participant) hold
@@ -2433,7 +2434,7 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
             if j >= s_end:
                 break
             i = (e >> _EV_POS_SHIFT) & _EV_POS_MASK
-            kind = (e & 7) - 1
+            kind = (e & _EV_KIND_MASK) - 1
             if j > j_prev:  # schedules without block operations in between
                 used.extend([cur] * (j - j_prev))
                 j_prev = j
@@ -2722,12 +2723,15 @@ def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
     # (every other request in the running list is RUNNING: only these changed status; a new list, as the running
     # list may be shared with the step in flight)
     running: list[Request] = inst.running
-    if len(done) == 1:  # (most often: compared by identity, without a set of ids)
-        only = reqs[done[0]]
-        inst.running = [r for r in running if r is not only]
-    else:
-        gone = {id(reqs[i]) for i in done}
-        inst.running = [r for r in running if id(r) not in gone]
+    gone = [reqs[i] for i in done]  # (a few: compared by identity)
+    kept: list[Request] = []
+    for r in running:
+        for g in gone:
+            if r is g:
+                break
+        else:
+            kept.append(r)
+    inst.running = kept
     if plan.num_waiting and q == plan.admit_after:
         inst.steady = False  # the schedule after this completion may admit: it is a real one
 
