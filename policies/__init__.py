@@ -11,6 +11,7 @@ the experiment's seed. Built-ins are registered by name below; a user's own clas
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
 import sys
@@ -20,32 +21,35 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from lab.core.sched_api import Router, RouterBase, Scheduler, SchedulerBase
-from policies.orca import OrcaScheduler
-from policies.routers import (LeastRequestsRouter, LeastTokensRouter, PowerOfTwoRouter, PrefixAwareRouter,
-                              RoundRobinRouter, SessionAffinityRouter)
-from policies.sarathi import SarathiScheduler
-from policies.sglang import SGLangScheduler
-from policies.sjf import SJFScheduler
-from policies.static_batching import StaticBatchingScheduler
-from policies.vllm_v1 import VLLMV1Scheduler
 
-_REGISTRY: dict[str, type] = {
-    "vllm_v1": VLLMV1Scheduler,
-    "sarathi": SarathiScheduler,
-    "orca": OrcaScheduler,
-    "static": StaticBatchingScheduler,
-    "sglang": SGLangScheduler,
-    "sjf": SJFScheduler,
+# Built-ins by name: a class, or "module:Class" imported the first time it is asked for (a run imports only the
+# policies it uses: each module with an options model costs milliseconds of pydantic at start-up).
+_REGISTRY: dict[str, type | str] = {
+    "vllm_v1": "policies.vllm_v1:VLLMV1Scheduler",
+    "sarathi": "policies.sarathi:SarathiScheduler",
+    "orca": "policies.orca:OrcaScheduler",
+    "static": "policies.static_batching:StaticBatchingScheduler",
+    "sglang": "policies.sglang:SGLangScheduler",
+    "sjf": "policies.sjf:SJFScheduler",
 }
 
-_ROUTERS: dict[str, type] = {
-    "round_robin": RoundRobinRouter,
-    "least_requests": LeastRequestsRouter,
-    "least_tokens": LeastTokensRouter,
-    "power_of_two": PowerOfTwoRouter,
-    "prefix_aware": PrefixAwareRouter,
-    "session_affinity": SessionAffinityRouter,
+_ROUTERS: dict[str, type | str] = {
+    "round_robin": "policies.routers:RoundRobinRouter",
+    "least_requests": "policies.routers:LeastRequestsRouter",
+    "least_tokens": "policies.routers:LeastTokensRouter",
+    "power_of_two": "policies.routers:PowerOfTwoRouter",
+    "prefix_aware": "policies.routers:PrefixAwareRouter",
+    "session_affinity": "policies.routers:SessionAffinityRouter",
 }
+
+
+def _resolved(table: dict[str, type | str], name: str) -> type | None:
+    """The class registered under ``name`` in ``table`` (imported on first use and kept), or None."""
+    entry = table.get(name)
+    if isinstance(entry, str):
+        module, cls_name = entry.split(":")
+        entry = table[name] = getattr(importlib.import_module(module), cls_name)
+    return entry
 
 
 class PolicyError(ValueError):
@@ -66,12 +70,12 @@ def _first_line(cls: type) -> str:
 
 def describe() -> dict[str, str]:
     """Scheduler name -> first line of its docstring."""
-    return {n: _first_line(c) for n, c in sorted(_REGISTRY.items())}
+    return {n: _first_line(scheduler_class(n)) for n in scheduler_names()}
 
 
 def describe_routers() -> dict[str, str]:
     """Router name -> first line of its docstring."""
-    return {n: _first_line(c) for n, c in sorted(_ROUTERS.items())}
+    return {n: _first_line(router_class(n)) for n in router_names()}
 
 
 def options_of(cls: type) -> dict[str, tuple[Any, str]]:
@@ -84,12 +88,18 @@ def options_of(cls: type) -> dict[str, tuple[Any, str]]:
 
 def scheduler_class(name: str) -> type:
     """The registered scheduler class (KeyError if unknown)."""
-    return _REGISTRY[name]
+    cls = _resolved(_REGISTRY, name)
+    if cls is None:
+        raise KeyError(name)
+    return cls
 
 
 def router_class(name: str) -> type:
     """The registered router class (KeyError if unknown)."""
-    return _ROUTERS[name]
+    cls = _resolved(_ROUTERS, name)
+    if cls is None:
+        raise KeyError(name)
+    return cls
 
 
 def register(name: str, factory: type) -> None:
@@ -193,7 +203,7 @@ def make_scheduler(spec: str, base_dir: Path | None = None, options: dict | None
     if _is_path_spec(spec):
         cls = _load_user_class(spec, base_dir, "policy.scheduler")
     else:
-        cls = _REGISTRY.get(spec)
+        cls = _resolved(_REGISTRY, spec)
         if cls is None:
             raise PolicyError(f"policy.scheduler: unknown scheduler {spec!r}; known: {', '.join(scheduler_names())} "
                               "(or path/to/file.py:ClassName)")
@@ -210,7 +220,7 @@ def make_router(spec: str, base_dir: Path | None = None, options: dict | None = 
     if _is_path_spec(spec):
         cls = _load_user_class(spec, base_dir, "cluster.router")
     else:
-        cls = _ROUTERS.get(spec)
+        cls = _resolved(_ROUTERS, spec)
         if cls is None:
             raise PolicyError(f"cluster.router: unknown router {spec!r}; known: {', '.join(router_names())} "
                               "(or path/to/file.py:ClassName)")

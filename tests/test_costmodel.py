@@ -123,3 +123,29 @@ def test_decodes_and_prefills_is_the_shape_from_requests_gives():
     for ctx, new, before in (([5, 90, 7], [300], [0]), ([], [64, 2], [0, 10]), ([1], [2], [0])):
         direct = BatchShape.decodes_and_prefills(list(ctx), list(new), list(before))
         assert direct == BatchShape.from_requests([1] * len(ctx) + new, list(ctx) + before)
+
+
+def test_a_shape_made_with_defaults_owns_its_lists_and_takes_keywords():
+    """BatchShape's __init__ is written out (compiled with the core): a list left out is a new one per shape, as
+    the dataclass field factories gave, and keywords, equality and dataclasses.replace work as before."""
+    import dataclasses
+
+    a, b = BatchShape(), BatchShape()
+    a.prefill_new.append(5)
+    assert b.prefill_new == [] and b.verify_new == [] and b.decode_context == []
+    shape = BatchShape(num_tokens=9, num_seqs=2, prefill_new=[8], prefill_context=[0], decode_context=[40],
+                       num_decodes=1, decode_sum=40, decode_max=40, decode_min=40)
+    assert shape == BatchShape(9, 2, [8], [0], [40], 1, 40, 40, 40)
+    padded = dataclasses.replace(shape, padded_tokens=16)
+    assert padded.padded_tokens == 16 and padded.prefill_new == [8] and shape.padded_tokens == 0
+
+
+def test_roofline_all_reduce_remembered_by_size_equals_the_communication_model():
+    """The roofline keeps each buffer size's all-reduce seconds; every size gives comm.allreduce's value, on the
+    first call and the next."""
+    from lab.costmodel import comm
+
+    cm = RooflineCostModel(load_model("Llama-3.1-8B"), load_hardware("H100-SXM5-80GB"), tp=4)
+    for byts in (8192, 8192.0, 3 * 4096 * 2, 64 << 20, 1 << 30, 8192):
+        assert cm._allreduce(byts) == comm.allreduce(cm.link, 4, byts)
+    assert RooflineCostModel(load_model("Llama-3.1-8B"), load_hardware("H100-SXM5-80GB"), tp=1)._allreduce(1e6) == 0.0

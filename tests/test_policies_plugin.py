@@ -104,3 +104,23 @@ def test_policies_command_lists_schedulers_routers_and_options():
     for name in ("vllm_v1", "sarathi", "orca", "static", "sglang", "sjf", "round_robin", "least_requests",
                  "least_tokens", "power_of_two", "prefix_aware", "session_affinity", "chunk_size=512"):
         assert name in res.output, name
+
+
+def test_built_in_policies_are_imported_when_first_asked_for():
+    """The registry names every built-in without importing it; asking for one imports its module once and keeps
+    the class; an unknown name is a KeyError."""
+    import subprocess
+    import sys
+
+    code = ("import sys, policies; assert 'policies.sglang' not in sys.modules; "
+            "c = policies.scheduler_class('sglang'); assert 'policies.sglang' in sys.modules; "
+            "assert policies.scheduler_class('sglang') is c and c.__name__ == 'SGLangScheduler'; "
+            "assert policies.router_class('round_robin').__name__ == 'RoundRobinRouter'; "
+            "assert set(policies.describe()) == set(policies.scheduler_names())")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    import policies
+
+    with pytest.raises(KeyError):
+        policies.scheduler_class("no_such_scheduler")
+    with pytest.raises(KeyError):
+        policies.router_class("no_such_router")

@@ -70,6 +70,13 @@ class RooflineCostModel(CostModelBase):
         self.abytes = 2  # activations in bf16
         self.kv_layer_bytes = model.kv_bytes_per_token(kv_dtype, tp) / model.num_layers
         self.peak = hardware.peak_flops(weight_dtype)
+        e = self.eff
+        # a GEMM's achievable FLOP/s and B/s and the launch latency, the products _gemm divides by, formed once
+        # (the same products each time, so the same bits; the efficiencies are fixed at construction)
+        self._gemm_flops = self.peak * e.gemm_compute
+        self._gemm_bandwidth = hardware.memory_bandwidth * e.gemm_memory
+        self._launch_s = e.kernel_launch_s
+        self._allreduce_s: dict[float, float] = {}  # all-reduce seconds by buffer bytes (link and TP fixed)
         self._cache: dict[tuple[int, int], dict[str, float]] = {}
         self._roof_cache: tuple[float, float, float, float, float] | None = None  # _decode_roof, once computed
         self._prefill_cache: tuple[float, float, float, float, float, int, int, int] | None = None  # _prefill_roof
@@ -102,10 +109,9 @@ class RooflineCostModel(CostModelBase):
 
     # ---- operator costs ----
     def _gemm(self, m_tokens: int, k: int, n: int) -> float:
-        e = self.eff
         flops = 2.0 * m_tokens * k * n
         byts = k * n * self.wbytes + m_tokens * (k + n) * self.abytes
-        return max(flops / (self.peak * e.gemm_compute), byts / (self.hw.memory_bandwidth * e.gemm_memory)) + e.kernel_launch_s
+        return max(flops / self._gemm_flops, byts / self._gemm_bandwidth) + self._launch_s
 
     def _attention(self, shape: BatchShape) -> float:
         pair_prefill, flops, kv_bytes, bandwidth, launch, heads, head_dim, abytes = self._prefill_roof()
@@ -194,9 +200,14 @@ class RooflineCostModel(CostModelBase):
         return t
 
     def _allreduce(self, byts: float) -> float:
+        """All-reduce seconds of a ``byts``-byte buffer over the TP group (``comm.allreduce``), remembered by size:
+        a step's buffers take few distinct sizes (tokens x hidden, sequences x vocabulary)."""
         if self.tp == 1:
             return 0.0
-        return comm.allreduce(self.link, self.tp, byts)
+        known = self._allreduce_s.get(byts)
+        if known is None:
+            known = self._allreduce_s[byts] = comm.allreduce(self.link, self.tp, byts)
+        return known
 
     def breakdown(self, shape: BatchShape) -> dict[str, float]:
         """Step time split into gemm, attention, moe, elementwise, communication, head and overhead (seconds)."""
@@ -217,8 +228,12 @@ class RooflineCostModel(CostModelBase):
         e = self.eff
         h = m.hidden_size
         L = m.num_layers
-        attn_gemm = sum(self._gemm(T, k, n) for k, n in self.attn_gemms)
-        dense_mlp = sum(self._gemm(T, k, n) for k, n in self.mlp_gemms)
+        attn_gemm = 0.0  # (summed in order from zero, as sum() does: the same bits)
+        for k, n in self.attn_gemms:
+            attn_gemm += self._gemm(T, k, n)
+        dense_mlp = 0.0
+        for k, n in self.mlp_gemms:
+            dense_mlp += self._gemm(T, k, n)
         n_moe = m.num_moe_layers
         moe = self._moe(T) * n_moe if n_moe else 0.0
         gemm = attn_gemm * L + dense_mlp * (L - n_moe)

@@ -109,6 +109,17 @@ _HEAP_SHIFT: Final = 32
 _HEAP_MASK: Final = (1 << 32) - 1
 
 
+def _float_array(values: list) -> np.ndarray:
+    """A float64 array of a list of Python floats (or ints): ``np.fromiter`` with the length given, about 40 % less
+    work than ``np.array``'s type discovery for the long lists a jump makes (the same values)."""
+    return np.fromiter(values, np.float64, len(values))
+
+
+def _int_array(values: list) -> np.ndarray:
+    """An int64 array of a list of Python ints (:func:`_float_array`'s way)."""
+    return np.fromiter(values, np.int64, len(values))
+
+
 def _event(j: int, i: int, kind: int) -> int:
     """The packed block operation (schedule ``j``, participant ``i``, ``kind``); see ``_EV_SCHEDULE_SHIFT``."""
     return (j << _EV_SCHEDULE_SHIFT) | (i << _EV_POS_SHIFT) | (kind + 1)
@@ -336,7 +347,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
                                 cap, stop_time, pad_table)
         if arr.admissions:
             hint = arr.hint
-            dts, counts, ends_list = np.array(arr.dts), np.array(arr.counts, dtype=np.int64), arr.ends
+            dts, counts, ends_list = _float_array(arr.dts), _int_array(arr.counts), arr.ends
             k = len(arr.dts)
         else:
             arr = None
@@ -345,7 +356,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
         arr = _through_queue(inst, running, computed0, rem, fin, dts, counts, ends_list, MAX_JUMP_STEPS, stop_time,
                              pad_table, admit_after, victims)
         if arr.admissions or victims:  # (without admissions, _bound's plan goes as far; not so after preemptions)
-            dts, counts, ends_list = np.array(arr.dts), np.array(arr.counts, dtype=np.int64), arr.ends
+            dts, counts, ends_list = _float_array(arr.dts), _int_array(arr.counts), arr.ends
             k = len(arr.dts)
             admit_after = arr.admit_after
         else:
@@ -572,7 +583,7 @@ def _priced_in_floats(stretch: "_Stretch", cost, kk: int, pad_table: np.ndarray,
             shown = j
             break
         made = ends[j]
-    return np.array(counts, dtype=np.int64), np.array(dts), np.array(ends), shown
+    return _int_array(counts), _float_array(dts), _float_array(ends), shown
 
 
 def _priced_with_numpy(stretch: "_Stretch", cost, kk: int, pad_table: np.ndarray, opt, cpu_terms, async_: bool,
@@ -1368,7 +1379,7 @@ class _QueueWalk:
 
     __slots__ = ("inst", "a", "ad", "avail", "num_decodes", "dbase_sum", "cross_count", "cross_residue",
                  "cross_ends", "cross_done", "stops", "pad_table", "bs", "ranged", "decoding", "blocks", "pending",
-                 "aggregates", "order")
+                 "pending_done", "aggregates", "order")
 
     def __init__(self, inst, a: _Arrivals, ad: _Admitting, j: int, decoders: list[int], avail: int,
                  pad_table: np.ndarray) -> None:
@@ -1387,6 +1398,7 @@ class _QueueWalk:
         self.dbase_sum = dbase_sum
         self.blocks: dict[int, Any] = {}  # participant -> blocks it frees at its completion
         self.pending: Any = None  # a participant part-way through its prompt (a chunk of it in the last schedule)
+        self.pending_done = 0  # the tokens of its prompt its chunks so far compute (the sum of its chunks)
         self.order: _FreeOrder | None = None  # the free queue's order, when resumed heads' hits are followed
         self.cross_count: list[int] = [0] * bs
         self.cross_residue: dict[int, int] = {}
@@ -1440,8 +1452,10 @@ class _QueueWalk:
             if order is not None:
                 self._follow_admission(order, i, blocks)
                 order = self.order
-            if sum(a.chunks[i]) < a.first_tokens[i]:
+            done = sum(a.chunks[i])
+            if done < a.first_tokens[i]:
                 self.pending = i
+                self.pending_done = done
             else:
                 self._decoding(i)
 
@@ -1488,7 +1502,7 @@ class _QueueWalk:
         if i is None:
             return None
         a = self.a
-        done = sum(a.chunks[i])
+        done = self.pending_done
         n = self.inst.scheduler.running_chunk(self.inst, a.reqs[i - a.n_run], done, self.num_decodes)
         if n is None or not 0 < n <= a.first_tokens[i] - done:
             return False
@@ -1498,7 +1512,7 @@ class _QueueWalk:
         """The blocks the pending prompt's next chunk of ``n`` tokens takes (beyond what its admission took)."""
         i, bs = self.pending, self.bs
         a = self.a
-        done = sum(a.chunks[i])
+        done = self.pending_done
         held = max(a.alloc0[i], done)
         return max(0, -(-max(held, done + n) // bs) - -(-held // bs))
 
@@ -1511,7 +1525,8 @@ class _QueueWalk:
             self.order.take(blocks)
         a = self.a
         a.chunks[i].append(n)
-        if sum(a.chunks[i]) == a.first_tokens[i]:
+        self.pending_done += n
+        if self.pending_done == a.first_tokens[i]:
             self.pending = None
             self.ad.finish_prompt(a, i)
             self._decoding(i)
@@ -1522,7 +1537,7 @@ class _QueueWalk:
         i = self.pending
         if i is not None:
             a = self.a
-            a.chunks[i].append(a.first_tokens[i] - sum(a.chunks[i]))
+            a.chunks[i].append(a.first_tokens[i] - self.pending_done)
             self.pending = None
             self.ad.finish_prompt(a, i)
 
@@ -2633,7 +2648,9 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         if q >= q1:
             return
     off = 1 if async_ else 0
-    t = np.array([plan.start if q == 0 else ends[q - 1]] + ends[q:q1])
+    t = np.empty(q1 - q + 1)
+    t[0] = plan.start if q == 0 else ends[q - 1]
+    t[1:] = _float_array(ends[q:q1])
     st, e = t[:-1], t[1:]
     gaps = e - st
     ds = plan.dts[q - off:q1 - off]
@@ -2696,7 +2713,7 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
                 keep = weights > 0
                 gaps, weights = gaps[keep], weights[keep]
     inst.itl.extend_pairs(gaps, weights)
-    steps.extend(st, ds, decodes, np.array(plan.used[q - off:q1 - off], dtype=float), running, waits, prefill,
+    steps.extend(st, ds, decodes, _float_array(plan.used[q - off:q1 - off]), running, waits, prefill,
                  batch, output)
     if plan.victims and q <= off:  # the row of the step schedule 0 made
         steps.set_preempted(q1 - off, len(plan.victims))
