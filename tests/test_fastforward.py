@@ -747,3 +747,21 @@ def test_new_block_events_come_in_the_order_a_sort_gives(requests, k, bs):
     with_registers = ff._block_events(computed0, rem, k, bs, False, True, [False] * len(requests))
     assert grouped == [e for e in with_registers if (e & ff._EV_KIND_MASK) == 1]  # (kind 0: a new block)
     assert grouped == sorted(grouped)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-(1 << 40), 1 << 40), min_size=1, max_size=30), st.integers(-3, 3))
+def test_the_typed_list_helpers_do_what_the_builtins_do(values, x):
+    """The compiled core's typed loops give max, min and list.remove's results (ValueError for a value absent)."""
+    from lab.engine import fastforward as ff
+
+    assert ff._largest(values) == max(values) and ff._smallest(values) == min(values)
+    values = values + [x, x]
+    expected = list(values)
+    expected.remove(x)
+    ff._remove_value(values, x)
+    assert values == expected
+    absent = max(values) + 1
+    with pytest.raises(ValueError):
+        ff._remove_value(values, absent)
+

@@ -115,6 +115,24 @@ class FreeBlockQueue:
                 return b
             self.stale -= 1
 
+    def take_live(self, n: int) -> list[int]:
+        """The first ``n`` live block ids from the head, removed, the stale entries before them dropped: ``n``
+        :meth:`popleft` calls in one loop (``n`` <= the free blocks)."""
+        ids, seqs, fs = self.ids, self.seqs, self.free_seq
+        h = self.head
+        out: list[int] = []
+        while len(out) < n:
+            b = ids[h]
+            s = seqs[h]
+            h += 1
+            if fs[b] == s:
+                out.append(b)
+            else:
+                self.stale -= 1
+        self.head = h
+        self.n -= n
+        return out
+
     def peek(self, n: int) -> list[int]:
         """The ``n`` block ids (fewer if fewer are free) that ``n`` pops from the head would hand out, left
         queued."""
@@ -202,8 +220,7 @@ class BlockPool:
         if n > fq.n:
             raise RuntimeError(f"asked for {n} KV blocks with only {fq.n} free")
         if fq.stale:
-            popleft = fq.popleft  # skips the entries left behind by blocks taken out of the queue (prefix hits)
-            out = [popleft() for _ in range(n)]
+            out = fq.take_live(n)
         else:
             out = fq.take(n)
         rc = self.ref_cnt
@@ -405,9 +422,10 @@ class KVCacheManager:
             blocks, seqs = prev
             rc = self.pool.ref_cnt
             fs = self.pool.free_seq
+            check_taken = bool(taken)
             for i in range(min(max_blocks, len(seqs))):
                 b = blocks[i]
-                if rc[b] or fs[b] != seqs[i] or b in taken:
+                if rc[b] or fs[b] != seqs[i] or (check_taken and b in taken):
                     break
                 hits.append(b)
         if hits and self.drop_last_hit_block:

@@ -106,6 +106,11 @@ class RooflineCostModel(CostModelBase):
         if m.is_moe:
             ie = m.moe_intermediate_size // tp
             self.expert_gemms = [(h, 2 * ie), (ie, h)]
+        # the attention roofs' constants as plain attributes (the compiled build reads them natively; a tuple's
+        # floats are boxed): _decode_roof's and _prefill_roof's values
+        self._pair_decode, self._attn_flops, self._kv_bytes, self._attn_bandwidth, _ = self._decode_roof()
+        self._pair_prefill = self._prefill_roof()[0]
+        self._head_dim_max = max(m.head_dim, m.v_head_dim)
 
     # ---- operator costs ----
     def _gemm(self, m_tokens: int, k: int, n: int) -> float:
@@ -114,15 +119,20 @@ class RooflineCostModel(CostModelBase):
         return max(flops / self._gemm_flops, byts / self._gemm_bandwidth) + self._launch_s
 
     def _attention(self, shape: BatchShape) -> float:
-        pair_prefill, flops, kv_bytes, bandwidth, launch, heads, head_dim, abytes = self._prefill_roof()
+        # (_prefill_roof's values)
+        pair_prefill, flops, kv_bytes = self._pair_prefill, self._attn_flops, self._kv_bytes
+        bandwidth, launch = self._attn_bandwidth, self._launch_s
+        heads, head_dim, abytes = self.heads, self._head_dim_max, self.abytes
         t = 0.0
         if shape.prefill_new:
             pairs = 0.0
             kv_tokens = 0
+            new_tokens = 0
             for q, c in zip(shape.prefill_new, shape.prefill_context):
                 pairs += q * (c + (q + 1) / 2.0)
                 kv_tokens += c + q
-            byts = kv_tokens * kv_bytes + 2 * sum(shape.prefill_new) * heads * head_dim * abytes
+                new_tokens += q
+            byts = kv_tokens * kv_bytes + 2 * new_tokens * heads * head_dim * abytes
             t += max(pairs * pair_prefill / flops, byts / bandwidth) + launch
         if shape.verify_new:
             # verify queries (1 + k tokens each) run as decodes: KV read once, compute for every query (absorbed
@@ -135,8 +145,15 @@ class RooflineCostModel(CostModelBase):
             pair_decode = self._decode_roof()[0]
             t += max(pairs * pair_decode / flops, kv_tokens * kv_bytes / bandwidth) + launch
         if shape.num_decodes:
-            t += self._decode_attention(shape.decode_sum + shape.num_decodes, max)
+            t += self._decode_attention_one(shape.decode_sum + shape.num_decodes)
         return t
+
+    def _decode_attention_one(self, ctx: int) -> float:
+        """:meth:`_decode_attention` of one step (``ctx`` an int, ``maximum`` the builtin max), read from plain
+        attributes: the same float operations, so the same bits."""
+        compute = ctx * self._pair_decode / self._attn_flops
+        memory = ctx * self._kv_bytes / self._attn_bandwidth
+        return max(compute, memory) + self._launch_s
 
     def _decode_attention(self, ctx, maximum):
         """One layer's decode attention over ``ctx`` KV tokens (Σ contexts + decodes): an int, or an int array with

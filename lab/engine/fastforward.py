@@ -120,6 +120,37 @@ def _int_array(values: list) -> np.ndarray:
     return np.fromiter(values, np.int64, len(values))
 
 
+def _largest(values: list[int]) -> int:
+    """``max(values)`` of a non-empty list of ints, in a typed loop (the builtin compares Python objects)."""
+    top = values[0]
+    for v in values:
+        if v > top:
+            top = v
+    return top
+
+
+def _smallest(values: list[int]) -> int:
+    """``min(values)`` of a non-empty list of ints, in a typed loop."""
+    low = values[0]
+    for v in values:
+        if v < low:
+            low = v
+    return low
+
+
+def _remove_value(values: list[int], x: int) -> None:
+    """``values.remove(x)`` for a list of ints, the search in a typed loop.
+
+    Raises:
+        ValueError: ``x`` is not in ``values``.
+    """
+    for k in range(len(values)):
+        if values[k] == x:
+            del values[k]
+            return
+    raise ValueError(f"{x} is not in the list")
+
+
 def _event(j: int, i: int, kind: int) -> int:
     """The packed block operation (schedule ``j``, participant ``i``, ``kind``); see ``_EV_SCHEDULE_SHIFT``."""
     return (j << _EV_SCHEDULE_SHIFT) | (i << _EV_POS_SHIFT) | (kind + 1)
@@ -286,7 +317,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     fin = [m if async_ else m - 1 for m in rem]
     # k schedules: no schedule without participants; with requests waiting, stop right after the first completion
     # (the next schedule may admit one).
-    k = max(rem)
+    k = _largest(rem)
     # a closed-loop client sends its next request at a completion; a hand-off enters another pool at it
     if inst.finish_triggers_arrival or inst.hands_off:
         k = min(k, min(fin) + 1)
@@ -631,7 +662,7 @@ class _Stretch:
         self.n = len(ctx)
         self.ctx = ctx
         self.rem = rem
-        self.min_rem = min(rem)
+        self.min_rem = _smallest(rem)
         self.ranged = ranged  # the cost model reads the context range (CostModel.uses_decode_range)
         self.by_rem: Any = None
 
@@ -656,7 +687,10 @@ class _Stretch:
         ctx, rem = self.ctx, self.rem
         n = self.n
         if kk <= self.min_rem:  # the common case: no completion among them
-            times = cost.steady_decode_times(n, sum(ctx), max(ctx), min(ctx), int(pad_table[n]), kk)
+            total = 0
+            for c in ctx:
+                total += c
+            times = cost.steady_decode_times(n, total, _largest(ctx), _smallest(ctx), int(pad_table[n]), kk)
             return None if times is None else [(n, times)]
         by_rem = sorted(zip(rem, ctx))
         runs = []
@@ -829,7 +863,7 @@ class _Arrivals:
             while pos < n and fin[by_fin[pos]] == f:
                 i = by_fin[pos]
                 freed += held[i]
-                alive.remove(i)
+                _remove_value(alive, i)
                 pos += 1
             a = f + 1
         return k
@@ -1099,12 +1133,14 @@ def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder | None:
     rem: list[int] = a.rem
     fin: list[int] = a.fin
     taken = 0  # schedule 0's takes so far, in running order; each group of victims is freed before its decode's
+    v_at = 0  # (victims come in running order: _decode_victims)
     for i in range(n_run):
-        for before, v, _ in victims:
-            if before == i:
-                order.take(taken)
-                taken = 0
-                order.free(len(v.blocks) - v.num_cached_blocks, v.num_cached_blocks, v)
+        while v_at < len(victims) and victims[v_at][0] == i:
+            v = victims[v_at][1]
+            order.take(taken)
+            taken = 0
+            order.free(len(v.blocks) - v.num_cached_blocks, v.num_cached_blocks, v)
+            v_at += 1
         if dfirst[i] == 0 and rem[i] > 0:
             taken += 1
     order.take(taken)
@@ -1172,7 +1208,11 @@ def _track_runs(order: _FreeOrder, kv, heads: list[Request]) -> None:
             continue  # a stale entry
         hit = want.get(b)
         if hit is not None:
-            found.setdefault(id(hit[0]), [-1] * live[id(hit[0])])[hit[1]] = pos
+            key = id(hit[0])
+            where = found.get(key)
+            if where is None:
+                where = found[key] = [-1] * live[key]
+            where[hit[1]] = pos
             left -= 1
         pos += 1
     for h in heads:
@@ -1396,12 +1436,13 @@ class _QueueWalk:
         for i in decoders:
             dbase_sum += dbase[i]
         self.dbase_sum = dbase_sum
-        self.blocks: dict[int, Any] = {}  # participant -> blocks it frees at its completion
+        n = len(a.c0)  # participants so far (the lists below grow as more join)
+        self.blocks: list[int] = [0] * n  # by participant: the blocks it frees at its completion (once tracked)
         self.pending: Any = None  # a participant part-way through its prompt (a chunk of it in the last schedule)
         self.pending_done = 0  # the tokens of its prompt its chunks so far compute (the sum of its chunks)
         self.order: _FreeOrder | None = None  # the free queue's order, when resumed heads' hits are followed
         self.cross_count: list[int] = [0] * bs
-        self.cross_residue: dict[int, int] = {}
+        self.cross_residue: list[int] = [0] * n  # by participant: its crossings' schedule modulo block_size
         self.cross_ends: list[int] = []  # (packed: _HEAP_SHIFT)
         self.cross_done = j  # (schedule j's decodes' blocks are taken: ``avail``)
         alive: list[int] = ad.alive
@@ -1428,14 +1469,20 @@ class _QueueWalk:
         dfirst: list[int] = a.dfirst
         top = s0[i] + rem[i]
         first = dfirst[i]
-        self.blocks[i] = _blocks_at_end(a, i, bs)
+        blocks: list[int] = self.blocks
+        residues: list[int] = self.cross_residue
+        if len(blocks) <= i:  # (lists by participant, grown as participants join)
+            more = i + 1 - len(blocks)
+            blocks.extend([0] * more)
+            residues.extend([0] * more)
+        blocks[i] = _blocks_at_end(a, i, bs)
         nxt = first if first >= after else first + (after - first + bs - 1) // bs * bs
         if nxt >= top:
             return
         assert after > self.cross_done and nxt - after < bs, "a participant's crossings tracked late"
         residue = nxt % bs
         self.cross_count[residue] += 1
-        self.cross_residue[i] = residue
+        residues[i] = residue
         if push:
             heappush(self.cross_ends, (top << _HEAP_SHIFT) | i)
         else:
@@ -1510,10 +1557,11 @@ class _QueueWalk:
 
     def chunk_blocks(self, n: int) -> int:
         """The blocks the pending prompt's next chunk of ``n`` tokens takes (beyond what its admission took)."""
-        i, bs = self.pending, self.bs
-        a = self.a
-        done = self.pending_done
-        held = max(a.alloc0[i], done)
+        i: int = self.pending
+        bs: int = self.bs
+        alloc0: list[int] = self.a.alloc0
+        done: int = self.pending_done
+        held = max(alloc0[i], done)
         return max(0, -(-max(held, done + n) // bs) - -(-held // bs))
 
     def chunk_done(self, n: int) -> None:
@@ -1549,14 +1597,14 @@ class _QueueWalk:
             return None
         count: list[int] = self.cross_count
         ends: list[int] = self.cross_ends
-        residue: dict[int, int] = self.cross_residue
+        residue: list[int] = self.cross_residue
         bs: int = self.bs
         order = self.order
         avail: int = self.avail
         while t < s:
             t += 1
             while ends and ends[0] >> _HEAP_SHIFT <= t:  # (participants whose last decode came before schedule t)
-                count[residue.pop(heappop(ends) & _HEAP_MASK)] -= 1
+                count[residue[heappop(ends) & _HEAP_MASK]] -= 1
             n = count[t % bs]
             if n:
                 avail -= n
@@ -1583,11 +1631,11 @@ class _QueueWalk:
         blocks, decodes that ended leave the batch, schedule j's crossings take blocks."""
         ad = self.ad
         heap: list[int] = ad.heap
-        alive = ad.alive
+        alive: list[int] = ad.alive
         while heap and heap[0] >> _HEAP_SHIFT < j:
             i = heappop(heap) & _HEAP_MASK
-            alive.remove(i)
-            blocks = self.blocks.pop(i)
+            _remove_value(alive, i)
+            blocks = self.blocks[i]
             self.avail += blocks
             if self.order is not None:
                 full = _full_blocks_at_end(self.a, i, self.bs, self.ad.async_)
@@ -1670,7 +1718,8 @@ def _heads_admitted(inst, heads: list[Request], m: int, num_running: int, num_sc
     kv: KVCacheManager = inst.kv
     cfg = inst.config
     taken = 0
-    for head in heads[m:]:
+    for x in range(m, len(heads)):  # (heads[m:], without the copy)
+        head = heads[x]
         if scheduler.head_stays_blocked(inst, head, num_running, num_scheduled_tokens, num_free_blocks):
             return taken, None
         left = num_waiting - taken
@@ -1725,10 +1774,10 @@ class _Admitting:
         """The free blocks after schedule j's decodes' allocations, completions before it applied (negative: it
         preempts)."""
         heap: list[int] = self.heap
-        alive = self.alive
+        alive: list[int] = self.alive
         while heap and heap[0] >> _HEAP_SHIFT < j:
             i = heappop(heap) & _HEAP_MASK
-            alive.remove(i)
+            _remove_value(alive, i)
             self.freed += a.held[i]
         return self.free + self.freed - a.taken_by(alive, j + 1, self.inst.kv.block_size)
 
@@ -1849,15 +1898,18 @@ def _aggregate_shape(num_decodes: int, decode_sum: int, news: list[int], context
     after ``contexts`` (a one-token query is a decode, as :meth:`BatchShape.from_requests` classifies it), for a
     cost model that reads decodes only through their count and Σ (``uses_decode_list`` and ``uses_decode_range``
     False): the per-decode list is left empty and the range 0."""
-    prefill_new, prefill_context = [], []
+    prefill_new: list[int] = []
+    prefill_context: list[int] = []
+    prefill_tokens = 0
     for n, c in zip(news, contexts):
         if n > 1:
             prefill_new.append(n)
             prefill_context.append(c)
+            prefill_tokens += n
         else:
             num_decodes += 1
             decode_sum += c
-    return BatchShape(num_decodes + sum(prefill_new), num_decodes + len(prefill_new), prefill_new, prefill_context,
+    return BatchShape(num_decodes + prefill_tokens, num_decodes + len(prefill_new), prefill_new, prefill_context,
                       [], num_decodes, decode_sum, 0, 0)
 
 
@@ -2178,6 +2230,7 @@ def _admission_rows(p: Plan) -> None:
     chunked prompt) has its tokens and whether it samples (``admitted_at``: row -> (tokens, samples) pairs)."""
     off = 1 if p.async_ else 0
     chunks = p.chunks
+    admitted_at: dict[int, list[tuple[int, bool]]] = p.admitted_at
     for j, i in p.admissions:
         if not p.from_queue:
             p.wait_rows[j - 1] = p.wait_rows.get(j - 1, 0) + 1
@@ -2185,7 +2238,10 @@ def _admission_rows(p: Plan) -> None:
         last = len(chunks[i]) - 1
         for t, tokens in enumerate(chunks[i]):
             if q + t < p.num_schedules:
-                p.admitted_at.setdefault(q + t, []).append((tokens, t == last))
+                row = admitted_at.get(q + t)
+                if row is None:
+                    row = admitted_at[q + t] = []
+                row.append((tokens, t == last))
 
 
 def _block_events(computed0: list[int], rem: list[int], k: int, bs: int, async_: bool, caching: bool,
@@ -2549,9 +2605,12 @@ def _rest_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
     r = plan.reqs[i]
     kv: KVCacheManager = inst.kv
     t = j - plan.s0[i]  # the chunk's index
-    chunks = plan.chunks[i]
-    done = sum(chunks[:t + 1])
-    need = -(-max(done, plan.alloc0[i]) // kv.block_size) - len(r.blocks)
+    chunks: list[int] = plan.chunks[i]  # (an admitted participant's: a list)
+    done = 0
+    for x in range(t + 1):  # (sum(chunks[:t + 1]), without the copy)
+        done += chunks[x]
+    alloc0: list[int] = plan.alloc0
+    need = -(-max(done, alloc0[i]) // kv.block_size) - len(r.blocks)
     if need > len(kv.pool.free_queue):
         raise RuntimeError(f"fast-forward: planned prefill chunk of request {r.request_id} found no KV blocks")
     if need > 0:
