@@ -2707,12 +2707,15 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         if q >= q1:
             return
     off = 1 if async_ else 0
+    ds = plan.dts[q - off:q1 - off]
+    # the rows' start and end times: every planned end is the one before plus its step's seconds (added one at a
+    # time: cumsum is sequential), so they follow from the durations without converting ``ends``
     t = np.empty(q1 - q + 1)
     t[0] = plan.start if q == 0 else ends[q - 1]
-    t[1:] = _float_array(ends[q:q1])
+    t[1:] = ds
+    t = t.cumsum()
     st, e = t[:-1], t[1:]
     gaps = e - st
-    ds = plan.dts[q - off:q1 - off]
     decodes = counts[q - off:q1 - off]
     running: Any
     waits: Any
