@@ -19,7 +19,7 @@ from lab.cli.main import app
 REPO = Path(__file__).resolve().parent.parent
 DEMO = str(REPO / "experiments" / "demo.yaml")
 runner = CliRunner()
-BIG = 10_000  # demo requests that take ~3 s to simulate on a 2-core machine
+BIG = 10_000  # demo requests that take ~1-3 s to simulate on a 2-core machine
 
 
 def _run(out: Path, *extra: str, n: int = 60):
@@ -71,7 +71,7 @@ def test_a_folder_that_is_not_an_output_is_refused_not_replaced(tmp_path):
 
 def test_kill_9_leaves_no_folder_or_the_previous_one_and_the_next_run_cleans_up(tmp_path):
     out = tmp_path / "out"
-    p = _spawn_run(out, BIG)  # killed while it simulates: nothing at all
+    p = _spawn_run(out, 10 * BIG)  # killed while it simulates (a run of many seconds): nothing at all
     time.sleep(1.0)
     p.kill()
     p.wait()
@@ -186,6 +186,13 @@ def spill_dirs(tmp_path, monkeypatch):
 
 
 def test_the_spill_folder_is_removed_after_the_run_and_when_it_fails(tmp_path, spill_dirs, monkeypatch):
+    res = _run(tmp_path / "out0", "--no-plots", "--set", "simulation.step_log=spill")
+    assert res.exit_code == 0, res.output
+    assert spill_dirs == []  # a run whose rows fit in memory makes no spill folder
+    import lab.core.step_log as step_log
+
+    monkeypatch.setattr(step_log, "RUN_ROW_BUDGET", 64)  # (every instance then spills)
+    monkeypatch.setattr(step_log, "ROW_BUDGET", 64)
     res = _run(tmp_path / "out", "--no-plots", "--set", "simulation.step_log=spill")
     assert res.exit_code == 0, res.output
     assert len(spill_dirs) == 1 and spill_dirs[0].name.startswith("servelab_steps_") and not spill_dirs[0].exists()
@@ -194,7 +201,7 @@ def test_the_spill_folder_is_removed_after_the_run_and_when_it_fails(tmp_path, s
     import lab.experiment.simulation as simulation
 
     def boom(env, horizon):
-        env.run(until=1.0)
+        env.run(until=60.0)  # (past the first spill)
         raise RuntimeError("the run failed")
 
     monkeypatch.setattr(simulation, "_run_env", boom)

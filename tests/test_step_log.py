@@ -130,7 +130,8 @@ def test_the_run_row_budget_is_shared_by_its_instances(monkeypatch):
     monkeypatch.setattr(step_log, "RUN_ROW_BUDGET", 1 << 20)
     with simulate(exp) as res:
         assert not any(i.steps.spilled_rows for i in res.instances)
-        assert not any(Path(i.steps.spill_path).exists() for i in res.instances)
+        assert all(i.steps.spill_path is None for i in res.instances)  # (its folder is not even made)
+        assert res.spill_folder is not None and res.spill_folder.made is None
 
 
 def test_bench_json_is_what_json_dumps_writes():

@@ -5,6 +5,8 @@ by a fixed number of rows held: older rows go to a spill file (Arrow IPC, full l
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from array import array
 
 import numpy as np
@@ -145,6 +147,33 @@ class StepTotals:
                 "peak_running": self.peak_running, "peak_waiting": self.peak_waiting}
 
 
+class SpillFolder:
+    """The temporary folder a run's step logs spill to, made when the first of them spills (``tempfile.mkdtemp``:
+    a private folder) and removed by :meth:`remove`: a run whose rows fit in memory touches no file system (a
+    folder made for every run cost a file-system operation, which can wait behind other processes' disk writes,
+    and was left behind by a process that ends without its exit handlers)."""
+
+    def __init__(self, prefix: str = "servelab_steps_") -> None:
+        self.prefix = prefix
+        self.made: str | None = None  # the folder's path once made
+
+    def path(self, name: str) -> str:
+        """The path of the file ``name`` in the folder, made first if it is not yet.
+
+        Raises:
+            OSError: the folder cannot be made.
+        """
+        if self.made is None:
+            self.made = tempfile.mkdtemp(prefix=self.prefix)
+        return os.path.join(self.made, name)
+
+    def remove(self) -> None:
+        """Remove the folder and its files, if it was made (raises nothing)."""
+        if self.made is not None:
+            shutil.rmtree(self.made, ignore_errors=True)
+            self.made = None
+
+
 class StepLogSummarized(ValueError):
     """The per-step rows of a summarized log were asked for (``output.step_log: summary`` keeps none)."""
 
@@ -177,14 +206,17 @@ class StepLog:
     """
 
     def __init__(self, instance_id: int = 0, usable_blocks: int = 1, spill_path: str | None = None,
-                 chunk_rows: int = ROW_BUDGET, num_slots: int = 1, *, summary: bool = False) -> None:
+                 chunk_rows: int = ROW_BUDGET, num_slots: int = 1, *, summary: bool = False,
+                 spill_folder: SpillFolder | None = None) -> None:
         self.instance_id = instance_id
         self.usable_blocks = usable_blocks
         self.num_slots = num_slots
         self.summary = summary
         self.spill_path = None if summary else spill_path
+        # (or, with ``spill_folder``, the file steps_<instance>.arrow there, once the first rows are spilled)
+        self.spill_folder = None if summary or spill_path is not None else spill_folder
         self.chunk_rows = min(chunk_rows, SUMMARY_ROWS) if summary else chunk_rows
-        self.bounded = summary or spill_path is not None  # rows are folded away once chunk_rows are held
+        self.bounded = summary or spill_path is not None or self.spill_folder is not None  # rows folded away
         self.cols = {c: array("d") for c in LOGGED_COLUMNS}
         self._cols = list(self.cols.values())
         self.spilled_rows = 0  # rows no longer held (in the spill file, or only in the totals)
@@ -274,6 +306,8 @@ class StepLog:
             return
         cols = self._held(slice(0, n))
         self._folded.add_rows(cols, self.usable_blocks)
+        if self.spill_path is None and self.spill_folder is not None:
+            self.spill_path = self.spill_folder.path(f"steps_{self.instance_id}.arrow")
         if self.spill_path is not None:
             self._write(cols)
         self.spilled_rows += n

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
-import shutil
-import tempfile
 import time
 import weakref
 from contextlib import contextmanager
@@ -29,7 +26,7 @@ from lab.costmodel.parallel import Parallelism
 from lab.costmodel.roofline import Efficiency, RooflineCostModel
 from lab.costmodel.speculative import Drafter
 from lab.experiment import speculative as spec_setup
-from lab.core.step_log import ROW_BUDGET, StepLog, rows_per_log
+from lab.core.step_log import ROW_BUDGET, SpillFolder, StepLog, rows_per_log
 from lab.engine.fastforward import KnownArrivals
 from lab.engine.instance import EngineOptions, Instance
 from lab.core.kv_cache import KVCacheManager
@@ -93,15 +90,15 @@ class SimResult:
     pools: list = field(default_factory=list)  # (pool name, Deployment), configuration order
     groups: list = field(default_factory=list)  # lock-step groups of DP ranks
     cluster: Cluster | None = None
-    spill_dir: str | None = None  # the step log's spill folder (simulation.step_log: spill) until cleanup()
+    spill_folder: SpillFolder | None = None  # the step logs' spill folder (simulation.step_log: spill) until cleanup()
 
     def cleanup(self) -> None:
         """Remove the step log's spill folder, once the outputs are written (the step log cannot be read after).
         ``with simulate(exp) as result:`` calls it at the end of the block. Raises nothing."""
         for inst in self.instances:
             inst.steps.close()
-        if self.spill_dir:
-            shutil.rmtree(self.spill_dir, ignore_errors=True)
+        if self.spill_folder is not None:
+            self.spill_folder.remove()
 
     def __enter__(self) -> "SimResult":
         return self
@@ -443,12 +440,11 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     summary_steps = exp.output.step_log == "summary"
     run = _RunSettings(
         record_events=sim.record_events if sim.record_events is not None else not big,
-        spill_dir=tempfile.mkdtemp(prefix="servelab_steps_") if sim.step_log != "memory" and not summary_steps
-        else None,
+        spill_folder=SpillFolder() if sim.step_log != "memory" and not summary_steps else None,
         record_breakdown=record_breakdown, horizon=sim.horizon_s, summary_steps=summary_steps,
         rows_per_log=rows_per_log(sum(sub.cluster.num_instances for _, sub, _ in pools)))
     # the spill folder goes with SimResult.cleanup(), when the run fails, else at the latest when the process exits
-    spill = weakref.finalize(env, shutil.rmtree, run.spill_dir, True) if run.spill_dir else None
+    spill = weakref.finalize(env, run.spill_folder.remove) if run.spill_folder is not None else None
     instances: list[Instance] = []
     built: list[Pool] = []
     groups: list[LockStepGroup] = []
@@ -511,7 +507,7 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     _mark_unfinished(reqs, run.horizon)
     return SimResult(exp, pools[0][2], reqs, instances, itl, float(env.now), time.perf_counter() - t0,
                      pools=[(cfg.name if cfg is not None else "", dep) for cfg, _, dep in pools], groups=groups,
-                     cluster=cluster, spill_dir=run.spill_dir)
+                     cluster=cluster, spill_folder=run.spill_folder)
 
 
 def route_open_loop(cluster: Cluster, reqs: list[Request], frontend: FrontEndCost) -> list[int] | None:
@@ -661,7 +657,7 @@ def _build_pool_deployment(cfg, index: int, exp: Experiment) -> Deployment:
 @dataclass(frozen=True)
 class _RunSettings:
     record_events: bool
-    spill_dir: str | None
+    spill_folder: SpillFolder | None
     record_breakdown: bool
     horizon: float | None
     summary_steps: bool = False  # output.step_log: summary (no per-step rows, only totals)
@@ -698,9 +694,9 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
             inst.configure_kv_offload(make_kv_offloader(exp, dep, scheduler))
         if run.summary_steps:
             inst.steps = StepLog(i, dep.num_gpu_blocks - 1, num_slots=inst.steps.num_slots, summary=True)
-        elif run.spill_dir:  # each instance holds at most run.rows_per_log rows; older ones go to its spill file
-            inst.steps = StepLog(i, dep.num_gpu_blocks - 1, os.path.join(run.spill_dir, f"steps_{i}.arrow"),
-                                 run.rows_per_log, num_slots=inst.steps.num_slots)
+        elif run.spill_folder is not None:  # each holds at most run.rows_per_log rows; older ones go to its file
+            inst.steps = StepLog(i, dep.num_gpu_blocks - 1, None, run.rows_per_log, num_slots=inst.steps.num_slots,
+                                 spill_folder=run.spill_folder)
         inst.stop_time = run.horizon if run.horizon else float("inf")
         out.append(inst)
     return out
