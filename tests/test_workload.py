@@ -18,6 +18,20 @@ def test_plain_csv_sorts_by_arrival_and_keeps_ids(tmp_path):
     assert (rs[0].arrival_time, rs[0].prompt_len, rs[0].max_tokens, rs[1].priority) == (0.5, 20, 3, 1)
 
 
+def test_plain_csv_columns_follow_their_rows_through_the_sort(tmp_path):
+    """Each column is reordered by arrival once, as a whole: every request keeps its own row's values (session,
+    acceptance rate), the ids default to the rows' positions and the priorities to 0, all as Python numbers."""
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_time_s,prompt_tokens,output_tokens,session_id,acceptance_rate\n"
+                 "3.0,30,3,c,0.3\n1.0,10,1,,0.1\n2.0,20,2,b,0.2\n1.0,11,4,a,0.4\n")
+    rs = loaders.load_csv(p)
+    got = [(r.index, r.request_id, r.arrival_time, r.prompt_len, r.max_tokens, r.priority, r.session_id,
+            r.acceptance_rate) for r in rs]
+    assert got == [(0, "1", 1.0, 10, 1, 0, None, 0.1), (1, "3", 1.0, 11, 4, 0, "a", 0.4),
+                   (2, "2", 2.0, 20, 2, 0, "b", 0.2), (3, "0", 3.0, 30, 3, 0, "c", 0.3)]
+    assert all(type(r.arrival_time) is float and type(r.prompt_len) is int for r in rs)
+
+
 def test_a_request_takes_numpy_counts_and_keeps_python_ints():
     """Scripts build requests from numpy arrays: the counts are kept as ints (the compiled Request stores ints, so
     either core must convert them), and a count below 1 or a fractional index is refused."""

@@ -16,9 +16,7 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -164,6 +162,9 @@ def _run_child(args: list[str], cwd: str | None = None) -> tuple[str, ProcessFig
     Raises:
         RuntimeError: the child exited non-zero (the message ends with its stderr).
     """
+    import subprocess  # noqa: PLC0415 - the parent's only: the worker process (start-up counted) needs neither
+    import tempfile  # noqa: PLC0415
+
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # never a full pipe
         busy0, t0 = _busy_cpu_s(), time.perf_counter()
         p = subprocess.Popen(args, stdout=out, stderr=err, text=True, cwd=cwd)
@@ -316,6 +317,8 @@ def run_vidur(vidur_dir: str, python: str, trace: str, case: VidurCase = VidurCa
     Raises:
         RuntimeError: Vidur failed (the message ends with its stderr).
     """
+    import tempfile  # noqa: PLC0415 - as _run_child's
+
     out_dir = tempfile.mkdtemp(prefix="vidur_bench_")
     _, proc = _run_child([python, "-m", "vidur.main", *vidur_args(trace, case, out_dir)], cwd=vidur_dir)
     return proc
@@ -358,6 +361,8 @@ def compare_with_vidur(vidur_dir: str, python: str, case: VidurCase, experiment:
     if not trace.is_file():
         raise FileNotFoundError(f"--vidur {vidur_dir}: {trace} not found (expected a microsoft/vidur checkout)")
     v = run_vidur(vidur_dir, python, str(trace), case)
+    import tempfile  # noqa: PLC0415 - as _run_child's
+
     same_trace = Path(tempfile.mkdtemp(prefix="servelab_vidur_")) / "trace.csv"
     n = vidur_trace_as_csv(str(trace), str(same_trace), time_scale=case.time_scale)
     equivalent = vidur_equivalent(case.model, case.tp, case.scheduler, case.chunk_size)

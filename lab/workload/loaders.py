@@ -317,6 +317,19 @@ def _id_column(path: Path, rows: _CsvRows, column: str) -> list[str]:
     return ids
 
 
+def _requests_in_order(t: np.ndarray, prompt: np.ndarray, output: np.ndarray, order: np.ndarray,
+                       priority: np.ndarray | None = None, ids: list[str] | None = None) -> list[Request]:
+    """The requests of rows ``order`` (a permutation of the rows, the time order), indexed 0.. in that order:
+    arrival ``t`` (seconds), ``prompt`` and ``output`` tokens, ``priority`` (default 0) and ``ids`` by row
+    (default: the row's position as text). The columns go to Python numbers in one ``tolist`` each, not one numpy
+    scalar a cell (Azure conversation trace, 19,366 rows: ~20 ms instead of ~60 ms)."""
+    rows = order.tolist()
+    names = [str(i) for i in rows] if ids is None else [ids[i] for i in rows]
+    prio = priority[order].tolist() if priority is not None else [0] * len(rows)
+    return list(map(Request, range(len(rows)), t[order].tolist(), prompt[order].tolist(), output[order].tolist(),
+                    prio, names))
+
+
 # ------------------------------------------------------------------------------------------------ JSON values
 def _shown(v: object) -> str:
     """A JSON value as written (true, null, NaN), shortened for an error message."""
@@ -403,9 +416,7 @@ def load_azure(path: str | Path) -> list[Request]:
     t = (ts - ts.min()).dt.total_seconds().to_numpy()
     prompt = _int_column(path, rows, "ContextTokens", 1)
     output = _int_column(path, rows, "GeneratedTokens", 1)
-    order = np.argsort(t, kind="stable")
-    return [Request(int(k), float(t[i]), int(prompt[i]), int(output[i]), request_id=str(i))
-            for k, i in enumerate(order)]
+    return _requests_in_order(t, prompt, output, np.argsort(t, kind="stable"))
 
 
 def _mooncake_row(path: Path, lineno: int, r: dict) -> tuple[float, int, int, list[int] | None]:
@@ -501,16 +512,16 @@ def load_csv(path: str | Path) -> list[Request]:
     prompt = _int_column(path, rows, "prompt_tokens", 1)
     output = _int_column(path, rows, "output_tokens", 1)
     cells = rows.cells
-    prio = _int_column(path, rows, "priority") if "priority" in cells else np.zeros(len(rows), dtype=int)
+    prio = _int_column(path, rows, "priority") if "priority" in cells else None
     ids = _id_column(path, rows, "request_id") if "request_id" in cells else None
     sessions = [s.strip() or None for s in cells["session_id"]] if "session_id" in cells else None
     acceptance = (_numbers(path, rows, "acceptance_rate", "a probability in [0, 1]", lambda a: (a >= 0) & (a <= 1))
                   if "acceptance_rate" in cells else None)
     order = np.argsort(t, kind="stable")
-    reqs = [Request(k, float(t[i]), int(prompt[i]), int(output[i]), priority=int(prio[i]),
-                    request_id=str(ids[i]) if ids is not None else str(i),
-                    session_id=sessions[i] if sessions is not None else None)
-            for k, i in enumerate(order)]
+    reqs = _requests_in_order(t, prompt, output, order, prio, ids)
+    if sessions is not None:
+        for r, i in zip(reqs, order.tolist()):
+            r.session_id = sessions[i]
     if acceptance is not None:
         for r, i in zip(reqs, order):
             r.acceptance_rate = float(acceptance[i])
@@ -595,7 +606,7 @@ def load_vllm_bench(path: str | Path, seed: int = 0) -> list[Request]:
         gaps = rng.gamma(burst, 1.0 / (rate * burst), n)
         gaps[0] = 0.0
         t = np.cumsum(gaps)
-    return [Request(i, float(t[i]), int(prompt[i]), int(output[i]), request_id=str(i)) for i in range(n)]
+    return _requests_in_order(t, prompt, output, np.arange(n))
 
 
 def check_requests(path: str | Path, requests: list[Request]) -> None:
@@ -605,6 +616,11 @@ def check_requests(path: str | Path, requests: list[Request]) -> None:
     Raises:
         WorkloadError: the first offending request, named by its position in the trace and its id.
     """
+    times = np.fromiter([r.arrival_time for r in requests], np.float64, len(requests))
+    with np.errstate(invalid="ignore"):
+        all_times_ok = bool((np.isfinite(times) & (times >= 0)).all())
+    if all_times_ok and len({r.request_id for r in requests}) == len(requests):
+        return  # (the common case, checked whole: a loop over the requests only to name the first offender)
     seen: dict[str, int] = {}
     for i, r in enumerate(requests):
         t = r.arrival_time

@@ -119,10 +119,10 @@ def generate(num_requests: int, rate: float, prompt: LengthDist, output: LengthD
     p = prompt.sample(rng, num_requests)
     o = output.sample(rng, num_requests)
     prio = rng.integers(0, num_priorities, num_requests) if num_priorities > 1 else np.zeros(num_requests, int)
-    # numpy scalars converted once, column by column (tolist), not one element at a time
-    return [Request(i, ti, pi, oi, priority=qi)
-            for i, (ti, pi, oi, qi) in enumerate(zip(np.asarray(t, dtype=float).tolist(), np.asarray(p).tolist(),
-                                                     np.asarray(o).tolist(), np.asarray(prio).tolist()))]
+    # numpy scalars converted once, column by column (tolist), not one element at a time; the arguments passed by
+    # position (the compiled constructor parses keywords ~1 us slower a call: ~1 s in a million requests)
+    return list(map(Request, range(num_requests), np.asarray(t, dtype=float).tolist(), np.asarray(p).tolist(),
+                    np.asarray(o).tolist(), np.asarray(prio).tolist()))
 
 
 def generate_sessions(num_sessions: int, rate: float, turns: LengthDist, first_prompt: LengthDist,
