@@ -103,21 +103,13 @@ class FreeBlockQueue:
         self.stale += 1
 
     def popleft(self) -> int:
-        ids, seqs, fs = self.ids, self.seqs, self.free_seq
-        h = self.head
-        while True:
-            b = ids[h]
-            s = seqs[h]
-            h += 1
-            if fs[b] == s:
-                self.head = h
-                self.n -= 1
-                return b
-            self.stale -= 1
+        """The live block id at the head, removed (the stale entries before it dropped); the queue must not be
+        empty (IndexError otherwise)."""
+        return self.take_live(1)[0]
 
     def take_live(self, n: int) -> list[int]:
-        """The first ``n`` live block ids from the head, removed, the stale entries before them dropped: ``n``
-        :meth:`popleft` calls in one loop (``n`` <= the free blocks)."""
+        """The first ``n`` live block ids from the head, removed, the stale entries before them dropped (``n`` <=
+        the free blocks)."""
         ids, seqs, fs = self.ids, self.seqs, self.free_seq
         h = self.head
         out: list[int] = []

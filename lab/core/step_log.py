@@ -200,9 +200,10 @@ class StepLog:
 
     Memory is bounded by rows held, not by the run's length: once ``chunk_rows`` rows are held (checked before each
     append), all but the last (which an arrival may still update, :meth:`add_waiting`) are folded into
-    :meth:`totals` and then, with ``spill_path`` set, written to that Arrow IPC file (created on the first spill);
-    with ``summary`` they are dropped: the log keeps only the totals and :meth:`frames` raises. Without either,
-    every row stays in memory (``simulation.step_log: memory``).
+    :meth:`totals` and then, with ``spill_path`` set, written to that Arrow IPC file (created on the first spill),
+    or with ``spill_folder``, to ``steps_<instance_id>.arrow`` in that :class:`SpillFolder` (made on the first
+    spill); with ``summary`` they are dropped: the log keeps only the totals and :meth:`frames` raises. Without
+    any of them, every row stays in memory (``simulation.step_log: memory``).
     """
 
     def __init__(self, instance_id: int = 0, usable_blocks: int = 1, spill_path: str | None = None,
