@@ -164,9 +164,12 @@ def test_a_jump_starts_with_the_preemptions_of_its_first_schedule(monkeypatch, v
     planned: list[int] = []
     preempt = fastforward._preempt_planned
 
-    def counted(inst, plan, before):
-        planned.append(sum(1 for kept, _, _ in plan.victims if kept == before))
-        preempt(inst, plan, before)
+    def counted(inst, plan, j, before):
+        if j:
+            planned.append(sum(1 for s, at, _, _, _, _ in plan.mid_victims if s == j and at == before))
+        else:
+            planned.append(sum(1 for kept, _, _ in plan.victims if kept == before))
+        preempt(inst, plan, j, before)
 
     monkeypatch.setattr(fastforward, "_preempt_planned", counted)
     resumed: list[int] = []  # hits of the victims' resumptions planned in the same jump (prefix caching)

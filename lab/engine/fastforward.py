@@ -179,6 +179,9 @@ class Plan:
     # attributes set outside __init__, declared for the compiled build (mypyc's class layout)
     adm_sched: Any
     admit_after: Any
+    mid_victims: Any
+    preempted_at: Any
+    truncated: Any
     async_: Any
     block_size: Any
     caching_unique: Any
@@ -204,7 +207,7 @@ class Plan:
                  "sizes", "_ev_pos", "_counts", "deferred_arrivals", "caching_unique", "block_size", "ends_list",
                  "arrivals", "admit_after", "s0", "first_tokens", "admissions", "stops", "admitted_at", "wait_rows",
                  "planned", "fin_sorted", "adm_sched", "from_queue", "chunks", "alloc0", "busy", "num_running",
-                 "victims")
+                 "victims", "mid_victims", "preempted_at", "truncated")
 
     def __init__(self) -> None:
         self.applied_sched = 0
@@ -231,6 +234,12 @@ class Plan:
         # schedule 0's preemptions (_decode_victims), in order: (running participants before the decode that needs
         # the block, victim, reason); the victims are not participants
         self.victims: list[tuple[int, Request, str]] = []
+        # the preemptions of later schedules (a walk through the queue, :func:`_walk_preemptions`), in order:
+        # (schedule, participant whose decode needs the block, reason, victim participant, its rem and fin before);
+        # the victim's schedules end before that one (``rem``), and a later admission of it is another participant
+        self.mid_victims: list[tuple[int, int, str, int, int, int]] = []
+        self.preempted_at: list[int] = []  # their schedules, sorted (one entry per victim)
+        self.truncated: dict[int, int] = {}  # victim participant -> the schedule that preempts it
 
 
 def steady_batch(inst) -> bool:
@@ -386,7 +395,8 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     elif waiting and admit_after is not None and k == admit_after + 1 and _walks_queue(inst, running):
         arr = _through_queue(inst, running, computed0, rem, fin, dts, counts, ends_list, MAX_JUMP_STEPS, stop_time,
                              pad_table, admit_after, victims)
-        if arr.admissions or victims:  # (without admissions, _bound's plan goes as far; not so after preemptions)
+        if arr.admissions or victims or arr.mid_victims:  # (without admissions, _bound's plan goes as far; not so
+            # after preemptions)
             dts, counts, ends_list = _float_array(arr.dts), _int_array(arr.counts), arr.ends
             k = len(arr.dts)
             admit_after = arr.admit_after
@@ -398,8 +408,10 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     k = min(k, n_exec)
     if arr is not None and not waiting:
         k = arr.bound(k, len(kv.pool.free_queue), bs)  # (_through_queue stops before a preemption itself)
-    elif arr is not None and any(j == k or j < k < j + len(arr.chunks[i]) for j, i in arr.admissions):
-        admit_after = k - 1  # the jump ends before an admission (or a prompt's rest) it planned: a real schedule
+    elif arr is not None and (any(j == k or j < k < j + len(arr.chunks[i]) for j, i in arr.admissions)
+                              or any(v[0] == k for v in arr.mid_victims)):
+        admit_after = k - 1  # the jump ends before an admission (a prompt's rest, a preemption) it planned: a real
+        # schedule
     if k < 2:
         return None
     p = Plan()
@@ -411,10 +423,14 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     if arr is not None and arr.keep(k):
         p.reqs += arr.reqs
         rem, computed0, fin = arr.rem, arr.c0, arr.fin
-        outputs0 = outputs0 + [r.num_output_tokens for r in arr.reqs]  # (a resumed request's, from before)
+        outputs0 = arr.out0  # (a resumed request's, from before: from its preemption, for one the jump preempts)
         p.s0, p.first_tokens, p.chunks, p.alloc0 = arr.s0, arr.first_tokens, arr.chunks, arr.alloc0
         p.admissions = arr.admissions
         p.planned = {id(r) for r in arr.reqs}
+        if arr.mid_victims:
+            p.mid_victims = arr.mid_victims
+            p.preempted_at = sorted(v[0] for v in arr.mid_victims)
+            p.truncated = {v[3]: v[0] for v in arr.mid_victims}
         p.from_queue = waiting
     p.rem = rem
     p.computed0 = computed0
@@ -438,8 +454,10 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
         _admission_events(p, n_run, k, bs)
     else:
         p.events = _block_events(computed0, rem, k, bs, async_, caching, unique)
-    if victims:
-        p.events += {_event(0, before, -1) for before, _, _ in victims}  # (kind -1: before that decode's block)
+    if victims or p.mid_victims:
+        # (kind -1: before that decode's block)
+        p.events += ({_event(0, before, -1) for before, _, _ in victims or ()}
+                     | {_event(j, before, -1) for j, before, _, _, _, _ in p.mid_victims})
         p.events.sort()
     # completions by step: step q -> positions finishing at its output, in batch order
     finish_at: dict[int, list[int]] = {}
@@ -447,11 +465,14 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
         if f < k:
             finish_at.setdefault(f, []).append(i)
     p.finish_at = finish_at
-    p.stops = sorted(finish_at)
+    # the steps after which apply stops to give their outputs: completions, and the step before a schedule that
+    # preempts (its victim's counters are read then)
+    p.stops = sorted(finish_at.keys() | {j - 1 for j in p.preempted_at}) if p.preempted_at else sorted(finish_at)
     p.fin_sorted = sorted(f for f in fin if f < k)
     p.adm_sched = [j for j, _ in p.admissions]
     if p.from_queue:
         p.busy = {j + t for j, i in p.admissions for t in range(len(p.chunks[i]))}
+        p.busy.update(p.preempted_at)
     if p.admissions:
         _admission_rows(p)
     p.admit_after = admit_after
@@ -802,8 +823,16 @@ class _Arrivals:
     reqs: Any
     s0: Any
     start: Any
+    running: Any
+    out0: Any
+    mid_victims: Any
     __slots__ = ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst", "reqs", "admissions", "dts",
-                 "counts", "ends", "hint", "n_run", "admit_after", "chunks", "alloc0", "start")
+                 "counts", "ends", "hint", "n_run", "admit_after", "chunks", "alloc0", "start", "running", "out0",
+                 "mid_victims")
+
+    def req(self, i: int) -> Request:
+        """Participant i's request."""
+        return self.running[i] if i < self.n_run else self.reqs[i - self.n_run]
 
     def made_at(self, j: int) -> float:
         """When schedule j is made (seconds): at the jump's start for schedule 0, else when executed step j - 1
@@ -869,16 +898,20 @@ class _Arrivals:
         return k
 
     def keep(self, k: int) -> bool:
-        """Drop the admissions at schedule k or later (their arrivals are handled as any other); True if any
-        remain."""
+        """Drop the admissions and the preemptions (``mid_victims``) at schedule k or later (their arrivals are
+        handled as any other; a victim's schedules are its own again); True if any remain."""
         adm = self.admissions
         while adm and adm[-1][0] >= k:
             adm.pop()
+        mids = self.mid_victims
+        while mids and mids[-1][0] >= k:  # a preemption the jump does not reach: its victim runs on
+            _, _, _, i, old_rem, old_fin = mids.pop()
+            self.rem[i], self.fin[i] = old_rem, old_fin
         n = self.n_run + len(adm)
-        for name in ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst", "chunks", "alloc0"):
+        for name in ("c0", "rem", "s0", "first_tokens", "fin", "held", "base", "dfirst", "chunks", "alloc0", "out0"):
             del getattr(self, name)[n:]
         del self.reqs[len(adm):]
-        return bool(adm)
+        return bool(adm) or bool(mids)
 
 
 class _DecodeEnds:
@@ -1105,20 +1138,24 @@ def _through_queue(inst, running: list[Request], computed0: list[int], rem: list
     decoders, avail = ad.at_schedule(a, j)
     walk = _QueueWalk(inst, a, ad, j, decoders, avail, pad_table)
     if inst.kv.enable_prefix_caching:
-        walk.order = _free_order(inst, a, victims or [], j)  # (None: no head to follow)
+        walk.order = _free_order(inst, a, victims or [], j, walk.avail < 0)  # (None: no head to follow)
     front = [v for _, v, _ in reversed(victims or ())]
     with _as_preempted(front):
-        _walk_queue(inst, a, ad, walk, j, cap, stop_time, front)
+        try:
+            _walk_queue(inst, a, ad, walk, j, cap, stop_time, front)
+        finally:
+            _restore_states(walk.saved)
     walk.close()
     return a
 
 
-def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder | None:
+def _free_order(inst, a: _Arrivals, victims: list, j: int, short: bool = False) -> _FreeOrder | None:
     """The free queue's order (:class:`_FreeOrder`) at the walk's first check point ``j`` (schedule ``j``'s decodes'
     blocks taken): the runs of the waiting heads preempted before, found in the queue now, then schedule 0's takes
     and its preemptions ``victims`` in running order, and up to schedule ``j`` each step's completions and each
-    schedule's takes (the decodes of the running requests only: the walk starts before any admission). None when
-    there is no head to follow."""
+    schedule's takes (the decodes of the running requests only: the walk starts before any admission; ``short``:
+    schedule ``j`` runs out of blocks, its takes are left to its preemptions). None when there is no head to
+    follow."""
     kv: KVCacheManager = inst.kv
     bs = kv.block_size
     fq = kv.pool.free_queue
@@ -1126,7 +1163,7 @@ def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder | None:
     heads = [h for h in inst.waiting.first(_QUEUE_HEADS) if h.prev_blocks is not None and unique_content(h)]
     if heads:
         _track_runs(order, kv, heads)
-    if not victims and not order.runs:
+    if not victims and not order.runs and not _preempts_in_walks(inst):
         return None
     n_run: int = a.n_run
     dfirst: list[int] = a.dfirst
@@ -1159,8 +1196,17 @@ def _free_order(inst, a: _Arrivals, victims: list, j: int) -> _FreeOrder | None:
         for i in completing[f]:
             full = _full_blocks_at_end(a, i, bs, async_)
             order.free(_blocks_at_end(a, i, bs) - full, full)
-    order.take(_crossings(a, done + 1, j, bs))
+    order.take(_crossings(a, done + 1, j - 1 if short else j, bs))  # (short: schedule j preempts, _QueueWalk.preempt)
     return order
+
+
+def _preempts_in_walks(inst) -> bool:
+    """Whether a walk through the queue may plan preemptions (:func:`_walk_preemptions`), whose victims' hits it
+    then follows in the free order: the scheduler declares its decode preemptions (asked about the first running
+    request)."""
+    running = inst.running
+    return (inst.kv_offload is None and bool(running)
+            and inst.scheduler.decode_preemption_reason(inst, running[0]) is not None)
 
 
 def _crossings(a: _Arrivals, lo: int, hi: int, bs: int) -> int:
@@ -1225,6 +1271,8 @@ def _track_runs(order: _FreeOrder, kv, heads: list[Request]) -> None:
 
 _RUN_SCAN = 4096  # free-queue entries _track_runs reads at most
 
+_NEVER: Final = 1 << 40  # the completion step of a participant preempted during the jump (it completes in none)
+
 
 def _blocks_at_end(a: _Arrivals, i: int, bs: int) -> int:
     """The blocks participant i holds when it completes (those it held, its admission's, its decodes' crossings)."""
@@ -1238,10 +1286,12 @@ def _blocks_at_end(a: _Arrivals, i: int, bs: int) -> int:
     return held[i] + base[i] + ((top - first + bs - 1) // bs if top > first else 0)
 
 
-def _full_blocks_at_end(a: _Arrivals, i: int, bs: int, async_: bool) -> int:
+def _full_blocks_at_end(a: _Arrivals, i: int, bs: int, async_: bool, m: int = -1) -> int:
     """Participant i's registered full blocks when it completes (``num_cached_blocks`` as :func:`_sync_counters`
-    sets it): computed tokens // block_size, one token less under async for a request past its prompt."""
-    m = a.rem[i]
+    sets it): computed tokens // block_size, one token less under async for a request past its prompt; with ``m``
+    >= 0, after its first ``m`` schedules instead."""
+    if m < 0:
+        m = a.rem[i]
     if i < a.n_run:
         c = a.c0[i] + m
         return (c - 1) // bs if async_ else c // bs
@@ -1274,24 +1324,43 @@ def _as_preempted(victims: list):
 
 def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, cap: int, stop_time: float,
                 front: list) -> None:
-    """:func:`_through_queue`'s walk from check point ``j`` (the schedule after a completion or an admission)
-    until the first schedule that is not certain; it sets ``a.admit_after``. ``front``: requests queued ahead of
-    the waiting queue by the jump's schedule 0 (its victims)."""
+    """:func:`_through_queue`'s walk from check point ``j`` (the schedule after a completion, an admission or a
+    preemption) until the first schedule that is not certain; it sets ``a.admit_after``. ``front``: requests queued
+    ahead of the waiting queue by the jump's schedule 0 (its victims). A schedule whose decodes run out of KV
+    blocks preempts as the scheduler declares (:func:`_walk_preemptions`); its victims then head the queue."""
     waiting = inst.waiting
-    num_waiting = len(waiting) + len(front)
+    num_waiting = len(waiting) + len(front)  # with the heads admitted before heads[m] (num_waiting - m wait)
     if front and len(ad.alive) + len(waiting) <= 1:
         return  # a rule may read the queue's length, which does not hold the victims yet (it does not decide then)
     heads = front + waiting.first(_QUEUE_HEADS)
+    in_heads = len(heads) - len(front)  # the waiting queue's first requests that heads holds
     m = 0  # heads admitted
     after: int | None
     while True:
         # check point j; the walk's state is schedule j's (its decodes' blocks taken)
-        if j >= cap or a.made_at(j) >= stop_time or walk.avail < 0:
-            return  # (a negative margin: schedule j preempts)
-        if len(ad.alive) + num_waiting - m <= 1:
-            return  # whether anything else runs or waits (arrivals may join) can change the admission rule
+        if j >= cap or a.made_at(j) >= stop_time:
+            return
+        if walk.avail < 0:  # schedule j runs out of KV blocks: it preempts, then only decodes
+            victims = _walk_preemptions(inst, a, ad, walk, j)
+            if victims is None or not walk.preempt(j, victims):
+                return
+            moved: list[Request] = []  # (the last preempted first)
+            for x in range(len(victims) - 1, -1, -1):
+                moved.append(a.req(victims[x][1]))
+            heads[m:m] = moved
+            num_waiting += len(moved)
+            a.admit_after = j
+            j += 1
+            walk.advance(j)
+            continue
+        if len(ad.alive) + num_waiting - m <= 1 or (a.mid_victims and len(ad.alive) < 2):
+            # whether anything else runs or waits (arrivals may join) can change the admission rule (and a rule
+            # reads the waiting queue's length, which does not hold the walk's victims)
+            return
         if m + _QUEUE_HEADS // 2 >= len(heads):
-            heads = front + waiting.first(4 * (len(heads) - len(front)))
+            more = waiting.first(in_heads + 4 * (len(heads) - m) + _QUEUE_HEADS)[in_heads:]
+            heads += more
+            in_heads += len(more)
         rest = walk.rest(j)  # a chunk of a prompt part-way done, in the running phase
         if rest is False:
             return
@@ -1330,12 +1399,138 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
                 # async: requests whose last token is in flight sit this schedule out, so it has more budget:
                 # it is checked as a schedule after a completion is
                 after = sit_out - 1
-            if after is None or not walk.decodes(j, min(after, cap - 1)) or len(a.dts) != after + 1:
+            if after is None:
+                a.admit_after = None  # the jump ends inside a stretch whose head was checked
+                return
+            if not walk.decodes(j, min(after, cap - 1)):
+                short = len(a.dts)
+                if walk.avail < 0 and walk.cross_done == short and j < short:
+                    # schedules j..short-1 planned; schedule short runs out of blocks: a check point that preempts
+                    walk.stop_until(short)
+                    a.admit_after = short - 1
+                    j = short
+                    continue
+                a.admit_after = None
+                return
+            if len(a.dts) != after + 1:
                 a.admit_after = None  # the jump ends inside a stretch whose head was checked
                 return
         a.admit_after = after
         j = after + 1
         walk.advance(j)
+
+
+def _walk_preemptions(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", s: int) -> list | None:
+    """The preemptions of schedule ``s`` of a walk through the queue, whose decodes run out of KV blocks, as the
+    scheduler declares them (``SchedulerBase.decode_preemption_reason``: vLLM V1's ``last`` victim rule,
+    recompute), as :func:`_decode_victims` makes schedule 0's: the decodes take their blocks in running order
+    (participants alive, by position); one that finds none free preempts the last running participant until it
+    fits or is preempted itself. Returns (participant whose decode needs the block, victim, reason) in
+    preemption order; None when the walk must end there: the policy preempts otherwise, a prompt is part-way done,
+    a victim is not decoding in schedule ``s`` (under async, its last token in flight) or holds content others may
+    share, or nothing would be left to decode."""
+    if s < 1 or walk.pending is not None or inst.kv_offload is not None:
+        return None
+    bs: int = walk.bs
+    alive: list[int] = ad.alive
+    s0: list[int] = a.s0
+    rem: list[int] = a.rem
+    dfirst: list[int] = a.dfirst
+    d0: list[int] = ad.d0
+    n = len(alive)
+    crossing: list[bool] = []
+    num_crossing = 0
+    for i in alive:
+        c = dfirst[i] <= s < s0[i] + rem[i] and (s - dfirst[i]) % bs == 0
+        crossing.append(c)
+        if c:
+            num_crossing += 1
+    free = walk.avail + num_crossing  # before schedule s's decodes take their blocks
+    scheduler = inst.scheduler
+    last = n - 1
+    victims: list[tuple[int, int, str]] = []
+    for x in range(n):
+        if x > last:
+            break
+        if not crossing[x]:
+            continue
+        i = alive[x]
+        while free < 1 and x <= last:
+            reason = scheduler.decode_preemption_reason(inst, a.req(i))
+            v = alive[last]
+            if reason is None or not d0[v] <= s < s0[v] + rem[v] or not unique_content(a.req(v)):
+                return None
+            victims.append((i, v, reason))
+            free += _blocks_before(a, v, s, bs)
+            last -= 1
+        if x > last:
+            break
+        free -= 1
+    if not victims or last < 0:
+        return None
+    for x in range(last + 1):
+        i = alive[x]
+        if d0[i] <= s < s0[i] + rem[i]:
+            return victims
+    return None  # nothing left to decode
+
+
+def _blocks_before(a: _Arrivals, i: int, s: int, bs: int) -> int:
+    """The blocks participant i holds before schedule ``s`` allocates (its admission's, its decodes' crossings in
+    the schedules before ``s``)."""
+    first = a.dfirst[i]
+    return a.held[i] + a.base[i] + ((s - first + bs - 1) // bs if s > first else 0)
+
+
+def _outputs_before(a: _Arrivals, i: int, s: int, async_: bool) -> int:
+    """The outputs participant i has gained in the jump when schedule ``s`` is made (``s`` steps completed), as
+    :func:`_sync_admitted_counters` counts them for its schedules before ``s``."""
+    m = s - a.s0[i]
+    if i < a.n_run:
+        return _running_outputs(async_, m, m, s)[0]
+    k = len(a.chunks[i])
+    first_out = a.s0[i] + k - 1 + (1 if async_ else 0)
+    out = s - first_out
+    return 0 if out < 0 else (out if out < m - k + 1 else m - k + 1)
+
+
+def _heap_remove(heap: list[int], entry: int) -> bool:
+    """Remove ``entry`` from a heap of ints (kept a heap); False when it is not there."""
+    for x in range(len(heap)):
+        if heap[x] == entry:
+            tail = heap.pop()
+            if x < len(heap):
+                heap[x] = tail
+                heapify(heap)
+            return True
+    return False
+
+
+def _as_preempted_now(r: Request, outputs: int) -> tuple:
+    """Give request ``r`` the state ``Instance.preempt`` leaves (recompute), with ``outputs`` output tokens, for the
+    admission rules the walk asks about it; returns what :func:`_restore_states` puts back."""
+    saved = (r, r.status, r.num_computed_tokens, r.num_output_placeholders, r.blocks, r.num_cached_blocks,
+             r.prev_blocks, r.num_output_tokens)
+    if unique_content(r):
+        r.prev_blocks = (r.blocks, [])
+    r.status, r.num_computed_tokens, r.num_output_placeholders = RequestStatus.PREEMPTED, 0, 0
+    r.blocks, r.num_cached_blocks, r.num_output_tokens = [], 0, outputs
+    return saved
+
+
+def _restore_states(saved: list) -> None:
+    """Undo :func:`_as_preempted_now`, the last first."""
+    for x in range(len(saved) - 1, -1, -1):
+        state: tuple = saved[x]
+        r: Request = state[0]
+        r.status = state[1]
+        r.num_computed_tokens = state[2]
+        r.num_output_placeholders = state[3]
+        r.blocks = state[4]
+        r.num_cached_blocks = state[5]
+        r.prev_blocks = state[6]
+        r.num_output_tokens = state[7]
+    saved.clear()
 
 
 class _FreeOrder:
@@ -1419,7 +1614,7 @@ class _QueueWalk:
 
     __slots__ = ("inst", "a", "ad", "avail", "num_decodes", "dbase_sum", "cross_count", "cross_residue",
                  "cross_ends", "cross_done", "stops", "pad_table", "bs", "ranged", "decoding", "blocks", "pending",
-                 "pending_done", "aggregates", "order")
+                 "pending_done", "aggregates", "order", "saved")
 
     def __init__(self, inst, a: _Arrivals, ad: _Admitting, j: int, decoders: list[int], avail: int,
                  pad_table: np.ndarray) -> None:
@@ -1441,6 +1636,7 @@ class _QueueWalk:
         self.pending: Any = None  # a participant part-way through its prompt (a chunk of it in the last schedule)
         self.pending_done = 0  # the tokens of its prompt its chunks so far compute (the sum of its chunks)
         self.order: _FreeOrder | None = None  # the free queue's order, when resumed heads' hits are followed
+        self.saved: list = []  # the state of the requests the walk preempted (:func:`_as_preempted_now`)
         self.cross_count: list[int] = [0] * bs
         self.cross_residue: list[int] = [0] * n  # by participant: its crossings' schedule modulo block_size
         self.cross_ends: list[int] = []  # (packed: _HEAP_SHIFT)
@@ -1591,7 +1787,8 @@ class _QueueWalk:
 
     def _cross_until(self, s: int) -> int | None:
         """Take the block crossings of the schedules after ``cross_done`` up to ``s``; the first schedule that runs
-        out of blocks (the walk ends there), or None."""
+        out of blocks (it preempts, or the walk ends there), or None. That schedule's takes are not applied to the
+        free order (:meth:`preempt` applies them in running order, with the victims' frees)."""
         t: int = self.cross_done
         if s <= t:
             return None
@@ -1608,15 +1805,15 @@ class _QueueWalk:
             n = count[t % bs]
             if n:
                 avail -= n
-                if order is not None:
-                    order.take(n)
-                if avail < 0:
+                if avail < 0:  # (its takes are left to the free order's preemption: _QueueWalk.preempt)
                     self.avail, self.cross_done = avail, t
                     return t
+                if order is not None:
+                    order.take(n)
         self.avail, self.cross_done = avail, s
         return None
 
-    def _stop_until(self, s: int) -> None:
+    def stop_until(self, s: int) -> None:
         """Drop from the decoding batch the participants whose last decode came before schedule ``s``."""
         stops: list[int] = self.stops
         dbase = self.ad.dbase
@@ -1625,6 +1822,74 @@ class _QueueWalk:
             self.num_decodes -= 1
             self.dbase_sum -= dbase[i]
             self.decoding.discard(i)
+
+    def preempt(self, s: int, victims: list) -> bool:
+        """Schedule ``s`` (its decodes short of blocks) makes the preemptions ``victims`` (:func:`_walk_preemptions`)
+        and then only decodes: each victim's blocks are freed (to the free order, in running order among the
+        decodes' takes), its schedules end before ``s`` (``rem``; it completes no more: ``fin``), it leaves the
+        batch and the heaps, and it waits with the state ``Instance.preempt`` leaves; schedule ``s`` is priced.
+        False when that pricing fails (the victims are recorded; :meth:`_Arrivals.keep` gives them back their
+        schedules when the jump ends before ``s``)."""
+        a, ad = self.a, self.ad
+        if len(a.dts) != s:
+            return False
+        bs: int = self.bs
+        async_: bool = ad.async_
+        alive: list[int] = ad.alive
+        order = self.order
+        if order is not None:  # schedule s's takes and frees, in running order
+            taken = 0
+            v_at = 0
+            kept = len(alive) - len(victims)
+            for x in range(kept):
+                i = alive[x]
+                while v_at < len(victims) and victims[v_at][0] == i:
+                    order.take(taken)
+                    taken = 0
+                    self._free_victim(order, victims[v_at][1], s)
+                    v_at += 1
+                if a.dfirst[i] <= s < a.s0[i] + a.rem[i] and (s - a.dfirst[i]) % bs == 0:
+                    taken += 1
+            order.take(taken)
+            while v_at < len(victims):  # (the last decode preempted itself)
+                self._free_victim(order, victims[v_at][1], s)
+                v_at += 1
+        free = self.avail
+        for before, v, reason in victims:
+            free += _blocks_before(a, v, s, bs)
+            if a.dfirst[v] <= s and (s - a.dfirst[v]) % bs == 0:
+                free += 1  # (its own crossing at s was counted as taken)
+            r = a.req(v)
+            self.saved.append(_as_preempted_now(r, a.out0[v] + _outputs_before(a, v, s, async_)))
+            self._leave(v, s)
+            a.mid_victims.append((s, before, reason, v, a.rem[v], a.fin[v]))
+            a.rem[v] = s - a.s0[v]
+            a.fin[v] = _NEVER
+        self.avail = free
+        return self._run(s, 1)
+
+    def _free_victim(self, order: "_FreeOrder", v: int, s: int) -> None:
+        """Victim ``v``'s blocks at schedule ``s`` freed in the free order (``BlockPool.free_unique``)."""
+        a = self.a
+        bs: int = self.bs
+        blocks = _blocks_before(a, v, s, bs)
+        full = _full_blocks_at_end(a, v, bs, self.ad.async_, s - a.s0[v])
+        order.free(blocks - full, full, a.req(v))
+
+    def _leave(self, v: int, s: int) -> None:
+        """Participant ``v``, decoding in schedule ``s``, leaves the walk before it: the running participants, the
+        completions' heap, the decoding batch and the block crossings."""
+        a, ad = self.a, self.ad
+        top = a.s0[v] + a.rem[v]
+        _remove_value(ad.alive, v)
+        _heap_remove(ad.heap, (a.fin[v] << _HEAP_SHIFT) | v)
+        entry = (top << _HEAP_SHIFT) | v
+        _heap_remove(self.stops, entry)
+        self.num_decodes -= 1
+        self.dbase_sum -= ad.dbase[v]
+        self.decoding.discard(v)
+        if _heap_remove(self.cross_ends, entry):
+            self.cross_count[self.cross_residue[v]] -= 1
 
     def advance(self, j: int) -> None:
         """Move to check point ``j`` (the schedule after the last planned one): completions before it free their
@@ -1640,7 +1905,7 @@ class _QueueWalk:
             if self.order is not None:
                 full = _full_blocks_at_end(self.a, i, self.bs, self.ad.async_)
                 self.order.free(blocks - full, full)
-        self._stop_until(j)
+        self.stop_until(j)
         self._cross_until(j)
 
     def decodes(self, j: int, last: int) -> bool:
@@ -1654,7 +1919,7 @@ class _QueueWalk:
         if run_end > j and not self._run(j, run_end - j):
             return False
         if run_end <= top:  # async: the requests whose last token is in flight sit out schedule `last`
-            self._stop_until(top)
+            self.stop_until(top)
             if not self._run(top, 1):
                 return False
         return short is None
@@ -1860,6 +2125,7 @@ class _Admitting:
             i = len(c0)
             computed = hit if n == 0 else 0  # (its own blocks' tokens, hit: the first request's only)
             c0.append(computed)
+            a.out0.append(r.num_output_tokens)
             rem.append(left)  # its outputs; its schedules once its prompt is done (finish_prompt)
             s0.append(j)
             first_tokens.append(prompt)
@@ -1929,6 +2195,9 @@ def _admitting(inst, running: list[Request], computed0: list[int], rem: list[int
     a.held = [len(r.blocks) for r in running]
     a.dfirst = [(-c) % bs for c in computed0]
     a.reqs, a.admissions = [], []
+    a.running = running
+    a.out0 = [r.num_output_tokens for r in running]
+    a.mid_victims = []  # (schedule, participant whose decode needs the block, reason, victim, rem, fin before)
     a.dts, a.counts, a.ends = dts.tolist(), counts.tolist(), ends
     a.start = inst.now
     a.admit_after = None
@@ -2355,7 +2624,8 @@ def _step_with_admissions(plan: Plan, j: int) -> ScheduledStep:
     shape.padded_tokens = padded_size(plan.sizes, shape.num_tokens)
     at = plan.start if j == 0 else plan.ends_list[j - 1]
     used = plan.used[j] if j < len(plan.used) else 0
-    return ScheduledStep(reqs, news, samples, shape, [float(plan.dts[j])], at, used, 0 if j else len(plan.victims))
+    preempted = len(plan.victims) if not j else (bisect_right(plan.preempted_at, j) - bisect_left(plan.preempted_at, j))
+    return ScheduledStep(reqs, news, samples, shape, [float(plan.dts[j])], at, used, preempted)
 
 
 def _sync_counters(plan: Plan, indices: list[int], n_sched: int, n_out: int) -> None:
@@ -2519,7 +2789,7 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
                 _rest_planned(inst, plan, i, j, n_out)
                 cur = usable - len(pool.free_queue)
             elif kind == -1:
-                _preempt_planned(inst, plan, i)
+                _preempt_planned(inst, plan, j, i)
                 cur = usable - len(pool.free_queue)
             else:
                 kv.register_full_blocks(reqs[i], (plan.computed0[i] + j + 1) // bs if not async_
@@ -2541,7 +2811,22 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
         # or computes a prompt chunk (a real one if the jump is materialised before it)
         inst.steady = False
     running = RequestStatus.RUNNING
-    _sync_counters(plan, [i for i, r in enumerate(reqs) if r.status == running], n_sched, n_out)
+    if not plan.mid_victims:
+        _sync_counters(plan, [i for i, r in enumerate(reqs) if r.status == running], n_sched, n_out)
+        return
+    # a participant the jump preempted is synced no more (its request, admitted again, is another participant);
+    # under async the token of its step in flight is dropped when that step ends, as Instance.finish_step drops it
+    gone = plan.truncated
+    _sync_counters(plan, [i for i, r in enumerate(reqs) if r.status == running and not gone.get(i, n_sched) < n_sched],
+                   n_sched, n_out)
+    seen: set[int] = set()
+    for s, _, _, v, _, _ in reversed(plan.mid_victims):  # (a request's last preemption applied)
+        r = reqs[v]
+        if s >= n_sched or id(r) in seen:
+            continue
+        seen.add(id(r))
+        if r.status != running and n_out > s:
+            r.inflight_tokens = 0
 
 
 def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
@@ -2582,16 +2867,24 @@ def _admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
     if r.first_scheduled_time is None:
         r.first_scheduled_time = at
     if len(plan.chunks[i]) == 1:
-        _first_sample(inst, plan, r, j, n_out)
+        _first_sample(inst, plan, i, r, j, n_out)
 
 
-def _preempt_planned(inst, plan: Plan, before: int) -> None:
-    """Schedule 0's preemptions for the decode after the first ``before`` running participants (the next one's
-    block, or its own preemption, comes after them), in order, as the scheduler makes them
-    (``Instance.preempt``: the victim's blocks freed, put back at the head of the waiting queue)."""
-    for at_decode, victim, reason in plan.victims:
-        if at_decode == before:
-            inst.preempt(victim, reason, at=plan.start)
+def _preempt_planned(inst, plan: Plan, j: int, before: int) -> None:
+    """Schedule ``j``'s preemptions for the decode of participant ``before`` (schedule 0: after the first ``before``
+    running participants; the next one's block, or its own preemption, comes after them), in order, as the
+    scheduler makes them (``Instance.preempt``: the victim's blocks freed, put back at the head of the waiting
+    queue). A victim of a later schedule first gets its counters for the schedules before it."""
+    if not j:
+        for at_decode, victim, reason in plan.victims:
+            if at_decode == before:
+                inst.preempt(victim, reason, at=plan.start)
+        return
+    for s, at_decode, reason, v, _, _ in plan.mid_victims:
+        if s == j and at_decode == before:
+            r = plan.reqs[v]
+            _sync_counters(plan, [v], j, j)
+            inst.preempt(r, reason, at=plan.ends_list[j - 1])
 
 
 def _rest_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
@@ -2616,15 +2909,15 @@ def _rest_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
     if need > 0:
         r.blocks.extend(kv.pool.get_new_blocks(need))
     if t == len(chunks) - 1:
-        _first_sample(inst, plan, r, j, n_out)
+        _first_sample(inst, plan, i, r, j, n_out)
 
 
-def _first_sample(inst, plan: Plan, r: Request, j: int, n_out: int) -> None:
+def _first_sample(inst, plan: Plan, i: int, r: Request, j: int, n_out: int) -> None:
     """Request ``r``'s sample at the end of the step of planned schedule ``j`` (its prompt's last), if that step
     is among the ``n_out`` applied (else the step is left in flight and gives it as any step does): its first
     token, or for a request resumed after a preemption its next, an ITL sample from its previous one."""
     q = j + 1 if plan.async_ else j
-    if q < n_out:
+    if q < n_out and plan.truncated.get(i, -1) != q:  # (async: a preemption at schedule q drops it)
         if r.first_token_time is None:
             record_first_token(r, plan.ends_list[q])
         else:
@@ -2684,9 +2977,11 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     running_end = len(inst.running)
     n_fin = bisect_left(fins, q1)
     n_adm = bisect_left(adm, n_sched)
+    pre: list[int] = plan.preempted_at  # (a victim is neither running nor waiting... until its schedule's row)
+    n_pre = bisect_left(pre, n_sched)
 
     def running_at(q: int) -> int:  # the async step in flight's row
-        return running_end - n_adm + bisect_right(adm, q) + n_fin - bisect_right(fins, q)
+        return running_end - n_adm + bisect_right(adm, q) + n_fin - bisect_right(fins, q) + n_pre - bisect_right(pre, q)
 
     q = q0
     if async_ and q == 0:
@@ -2719,10 +3014,12 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     decodes = counts[q - off:q1 - off]
     running: Any
     waits: Any
-    if fins or adm:
+    if fins or adm or pre:
         rows = np.arange(q, q1)
         running = (running_end - n_adm + n_fin + np.searchsorted(adm, rows, "right")
                    - np.searchsorted(fins, rows, "right")).astype(float)
+        if pre:  # a victim runs until its schedule's row
+            running += n_pre - np.searchsorted(pre, rows, "right")
     else:
         running = running_end
     if wait_rows or arrivals or plan.from_queue:
@@ -2734,11 +3031,26 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
             waits += np.searchsorted(arrivals, e, "left")
         if plan.from_queue:  # a head admitted at schedule j waits no more from row j on
             waits -= np.searchsorted(adm, np.arange(q, q1), "right")
+            if pre:  # and a victim of schedule j waits from row j on
+                waits += np.searchsorted(pre, np.arange(q, q1), "right")
     else:
         waits = nw
     prefill = batch = output = None
     admitted_at = plan.admitted_at
     weights = decodes
+    dropped_rows = None
+    if pre and async_:
+        # a victim of schedule j was in the step in flight then (row j): its token from it is dropped
+        dropped = [x - q for x in pre if q <= x < q1]
+        if dropped:
+            dropped_rows = np.array(dropped, dtype=np.int64)
+            # (one whose prompt's last chunk is in that step drops its first sample: not an ITL sample)
+            decoding = [x - q for x, _, _, v, _, _ in plan.mid_victims
+                        if q <= x < q1 and (v < plan.num_running or x - 1 >= plan.s0[v] + len(plan.chunks[v]))]
+            if decoding:
+                weights = weights.copy()
+                np.subtract.at(weights, np.array(decoding, dtype=np.int64), 1)
+    inside: list = []
     if admitted_at:
         inside = [(x - q, lst) for x, lst in admitted_at.items() if q <= x < q1]
         if inside:
@@ -2771,14 +3083,23 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
             prefill[at_rows] = more_prefill
             decodes = decodes.copy()
             decodes[at_rows] += more_decodes
-            if not weights.all():  # a step of prompts alone: no ITL sample
-                keep = weights > 0
-                gaps, weights = gaps[keep], weights[keep]
+    if (inside or dropped_rows is not None) and not weights.all():  # a step of prompts alone: no ITL sample
+        keep = weights > 0
+        gaps, weights = gaps[keep], weights[keep]
+    if dropped_rows is not None:
+        if output is None:  # (StepLog.extend reads ``output`` with ``prefill`` and ``batch``)
+            batch = decodes
+            prefill = np.zeros(q1 - q, dtype=np.int64)
+            output = decodes.copy()
+        np.subtract.at(output, dropped_rows, 1)
     inst.itl.extend_pairs(gaps, weights)
     steps.extend(st, ds, decodes, _float_array(plan.used[q - off:q1 - off]), running, waits, prefill,
                  batch, output)
     if plan.victims and q <= off:  # the row of the step schedule 0 made
         steps.set_preempted(q1 - off, len(plan.victims))
+    for x in pre:  # the rows of the steps later schedules that preempted made
+        if q <= x + off < q1:
+            steps.set_preempted(q1 - x - off, bisect_right(pre, x) - bisect_left(pre, x))
     # the steps' durations added one at a time, as the event loop adds them (cumsum is sequential)
     inst.busy_time = float(np.concatenate(([inst.busy_time], ds)).cumsum()[-1])
 
