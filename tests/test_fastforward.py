@@ -155,18 +155,22 @@ def test_a_jump_starts_with_the_resumption_of_a_preempted_head(monkeypatch, vers
 def test_a_jump_starts_with_the_preemptions_of_its_first_schedule(monkeypatch, version, caching):
     """Overloaded, KV full: a decode of schedule 0 finds no free block, so vLLM V1 preempts the last running
     requests (decode_preemption_reason); the jump starts with those preemptions and goes on with their victims at
-    the head of the queue (sync and async; own freed blocks hittable or not), through their resumptions too: the
+    the head of the queue (sync and async; own freed blocks hittable or not), and a later schedule of a walk
+    through the queue that runs out of blocks preempts the same way (fastforward._walk_preemptions: victims that
+    were running at the jump's start or admitted by it, one whose prompt step is in flight, a request preempted
+    twice in one jump), through their resumptions too: the
     free queue's order (fastforward._FreeOrder) gives each its hit, what is left of its own freed blocks (0.33
     frees partial blocks to the queue's head, 0.11 to its tail; under 0.11 heads preempted before a jump are found
     in the queue at its start, _track_runs)."""
     from lab.engine import fastforward
 
     planned: list[int] = []
+    planned_later: list[int] = []  # preemptions of a later schedule of a jump (fastforward._walk_preemptions)
     preempt = fastforward._preempt_planned
 
     def counted(inst, plan, j, before):
         if j:
-            planned.append(sum(1 for s, at, _, _, _, _ in plan.mid_victims if s == j and at == before))
+            planned_later.append(sum(1 for s, at, _, _, _, _ in plan.mid_victims if s == j and at == before))
         else:
             planned.append(sum(1 for kept, _, _ in plan.victims if kept == before))
         preempt(inst, plan, j, before)
@@ -182,7 +186,8 @@ def test_a_jump_starts_with_the_preemptions_of_its_first_schedule(monkeypatch, v
     monkeypatch.setattr(fastforward._FreeOrder, "touch", touched)
     spec = [(0.001, 150 + 7 * i % 90, 60 + 13 * i % 70, None) for i in range(40)]
     res = assert_same(spec, version=version, blocks=60, seqs=16, caching=caching)
-    assert sum(planned) >= 10  # (of 24 preemptions: most are planned)
+    # (of 22-38 preemptions, 47-100 % are planned; most of them at a later schedule of a jump)
+    assert sum(planned) + sum(planned_later) >= 16 and sum(planned_later) >= 9
     assert not caching or sum(1 for h in resumed if h) >= 3  # the jump goes on through victims' resumptions
     # the requests' lifecycle events too: each preemption's time and reason, each resumption
     ff_events = [r.events for r in res.requests]
