@@ -15,7 +15,8 @@ prompt chunk is in it gets its first token there, and one that sat out the step 
 after a preemption, or back from swap) its next token, whose ITL sample runs from its previous token.
 
 A jump stops before the first schedule after its first whose new blocks would exceed the free blocks (a
-preemption; the blocks completions free count from the next schedule on) and at the horizon. When requests are
+preemption; the blocks completions free count from the next schedule on), unless a walk through the queue plans
+that preemption (below), and at the horizon. When requests are
 waiting, a completion frees blocks and a ``max_num_seqs`` slot, so the next schedule may admit the waiting head:
 the scheduler's declared admission rule (``SchedulerBase.head_stays_blocked``, given the running count, the next
 schedule's decodes and its free blocks after their allocations) says whether the jump goes on through it; otherwise
@@ -51,6 +52,16 @@ The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds these cas
   the queue checks the next schedule on. The jump's apply makes the preemptions at their place among schedule 0's
   block operations (:func:`_preempt_planned`), so the blocks handed out are the engine's; a victim's token from
   the step in flight (async) is dropped, as the engine drops it.
+- A later schedule of the walk whose decodes run out of KV blocks preempts the same way
+  (:func:`_walk_preemptions`, :meth:`_QueueWalk.preempt`): a victim, running at the jump's start or admitted by
+  it, takes part in the schedules before that one only (its ``rem`` cut there; it completes in none), its blocks
+  go back to the free order at their place among the decodes' takes, and it heads the queue with the state
+  ``Instance.preempt`` leaves (its outputs so far), so the walk may resume it later in the same jump as another
+  participant. The apply gives the victim its counters for the schedules before its preemption, then preempts it
+  (:func:`_preempt_planned`; the outputs of the steps before that schedule are applied first), and no later sync
+  touches that participant; under async its token (or first sample) from the step in flight is dropped, in the
+  step's row and the ITL samples as in the request. Such a walk ends instead when a victim would not be decoding
+  in that schedule (its last token in flight), a prompt is part-way done, or nothing would be left to decode.
 - Under prefix caching, a head preempted before (a victim of the jump's schedule 0, or one waiting at its start)
   may be resumed at a later schedule of the walk: its hit is what is left of its own freed full blocks, which
   depends on the free queue's order. The walk follows that order (:class:`_FreeOrder`: blocks freed to the head
@@ -542,27 +553,41 @@ def _decode_victims(inst, running: list[Request]) -> list[tuple[int, Request, st
         p, c, o = r.num_output_placeholders, r.num_computed_tokens, r.num_output_tokens
         if (p != 1 or c != r.prompt_len + o) if async_ else (p or c != r.prompt_len + o - 1):
             return None
-    scheduler = inst.scheduler
     bs: int = inst.kv.block_size
-    free = len(inst.kv.pool.free_queue)
-    last = len(running) - 1  # the last request not preempted
-    victims: list[tuple[int, object, str]] = []
-    for i, r in enumerate(running):
-        if i > last:
+    needs_block = [r.stop_at - r.num_output_tokens - r.num_output_placeholders > 0 and not r.num_computed_tokens % bs
+                   for r in running]
+    preempted = _last_victims(needs_block, [len(r.blocks) for r in running], len(inst.kv.pool.free_queue))
+    if preempted is None or len(preempted) >= len(running):
+        return None
+    victims: list[tuple[int, Request, str]] = []
+    for x, v in preempted:
+        reason = inst.scheduler.decode_preemption_reason(inst, running[x])
+        if reason is None:
+            return None
+        victims.append((x, running[v], reason))
+    return victims
+
+
+def _last_victims(needs_block: list[bool], blocks: list[int], free: int) -> list[tuple[int, int]] | None:
+    """vLLM V1's ``last`` victim rule in a schedule that only decodes (``policies.common.allocate_or_preempt``):
+    the running requests, in order, each take a block if ``needs_block``; one that finds none of the ``free``
+    blocks left preempts the last running request (``blocks``: what each holds, freed), again until its block fits
+    or it is preempted itself. Returns (position of the decode that needed the block, position of the victim) in
+    preemption order; None without any preemption."""
+    last = len(needs_block) - 1  # the last request not preempted
+    victims: list[tuple[int, int]] = []
+    for x in range(len(needs_block)):
+        if x > last:
             break
-        if r.stop_at - r.num_output_tokens - r.num_output_placeholders > 0 and not r.num_computed_tokens % bs:
-            while free < 1 and i <= last:
-                reason = scheduler.decode_preemption_reason(inst, r)
-                if reason is None:
-                    return None
-                victim = running[last]
-                victims.append((i, victim, reason))
-                free += len(victim.blocks)
+        if needs_block[x]:
+            while free < 1 and x <= last:
+                victims.append((x, last))
+                free += blocks[last]
                 last -= 1
-            if i > last:  # it preempted itself
+            if x > last:  # it preempted itself
                 break
             free -= 1
-    return victims if len(victims) < len(running) else None  # type: ignore[return-value]
+    return victims or None
 
 
 def _resumed_hit(inst, head: Request, num_taken: int) -> int | None:
@@ -1307,19 +1332,11 @@ def _as_preempted(victims: list):
     waiting, nothing computed or in flight, no blocks held, their own freed blocks remembered (a rule reads only
     that there are some); restored afterwards. The waiting queue itself does not hold them meanwhile: the walk
     passes the rules its length with them (``num_waiting``) and does not ask a rule that could read it short."""
-    saved = [(r.status, r.num_computed_tokens, r.num_output_placeholders, r.blocks, r.num_cached_blocks,
-              r.prev_blocks) for r in victims]
+    saved = [_as_preempted_now(r, r.num_output_tokens) for r in victims]
     try:
-        for r in victims:
-            if unique_content(r):
-                r.prev_blocks = (r.blocks, [])
-            r.status, r.num_computed_tokens, r.num_output_placeholders = RequestStatus.PREEMPTED, 0, 0
-            r.blocks, r.num_cached_blocks = [], 0
         yield
     finally:
-        for r, state in zip(victims, saved):
-            (r.status, r.num_computed_tokens, r.num_output_placeholders, r.blocks, r.num_cached_blocks,
-             r.prev_blocks) = state
+        _restore_states(saved)
 
 
 def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, cap: int, stop_time: float,
@@ -1437,38 +1454,27 @@ def _walk_preemptions(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", s:
     rem: list[int] = a.rem
     dfirst: list[int] = a.dfirst
     d0: list[int] = ad.d0
-    n = len(alive)
-    crossing: list[bool] = []
+    needs_block: list[bool] = []
+    held: list[int] = []
     num_crossing = 0
     for i in alive:
         c = dfirst[i] <= s < s0[i] + rem[i] and (s - dfirst[i]) % bs == 0
-        crossing.append(c)
+        needs_block.append(c)
+        held.append(_blocks_before(a, i, s, bs))
         if c:
             num_crossing += 1
-    free = walk.avail + num_crossing  # before schedule s's decodes take their blocks
-    scheduler = inst.scheduler
-    last = n - 1
-    victims: list[tuple[int, int, str]] = []
-    for x in range(n):
-        if x > last:
-            break
-        if not crossing[x]:
-            continue
-        i = alive[x]
-        while free < 1 and x <= last:
-            reason = scheduler.decode_preemption_reason(inst, a.req(i))
-            v = alive[last]
-            if reason is None or not d0[v] <= s < s0[v] + rem[v] or not unique_content(a.req(v)):
-                return None
-            victims.append((i, v, reason))
-            free += _blocks_before(a, v, s, bs)
-            last -= 1
-        if x > last:
-            break
-        free -= 1
-    if not victims or last < 0:
+    # (before schedule s's decodes take their blocks)
+    preempted = _last_victims(needs_block, held, walk.avail + num_crossing)
+    if preempted is None or len(preempted) >= len(alive):
         return None
-    for x in range(last + 1):
+    victims: list[tuple[int, int, str]] = []
+    for x, y in preempted:
+        v = alive[y]
+        reason = inst.scheduler.decode_preemption_reason(inst, a.req(alive[x]))
+        if reason is None or not d0[v] <= s < s0[v] + rem[v] or not unique_content(a.req(v)):
+            return None
+        victims.append((alive[x], v, reason))
+    for x in range(len(alive) - len(preempted)):
         i = alive[x]
         if d0[i] <= s < s0[i] + rem[i]:
             return victims
@@ -1478,8 +1484,11 @@ def _walk_preemptions(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", s:
 def _blocks_before(a: _Arrivals, i: int, s: int, bs: int) -> int:
     """The blocks participant i holds before schedule ``s`` allocates (its admission's, its decodes' crossings in
     the schedules before ``s``)."""
-    first = a.dfirst[i]
-    return a.held[i] + a.base[i] + ((s - first + bs - 1) // bs if s > first else 0)
+    dfirst: list[int] = a.dfirst
+    held: list[int] = a.held
+    base: list[int] = a.base
+    first = dfirst[i]
+    return held[i] + base[i] + ((s - first + bs - 1) // bs if s > first else 0)
 
 
 def _outputs_before(a: _Arrivals, i: int, s: int, async_: bool) -> int:
@@ -1836,6 +1845,9 @@ class _QueueWalk:
         bs: int = self.bs
         async_: bool = ad.async_
         alive: list[int] = ad.alive
+        dfirst: list[int] = a.dfirst  # (typed locals: native indexing when compiled)
+        s0: list[int] = a.s0
+        rem: list[int] = a.rem
         order = self.order
         if order is not None:  # schedule s's takes and frees, in running order
             taken = 0
@@ -1848,23 +1860,26 @@ class _QueueWalk:
                     taken = 0
                     self._free_victim(order, victims[v_at][1], s)
                     v_at += 1
-                if a.dfirst[i] <= s < a.s0[i] + a.rem[i] and (s - a.dfirst[i]) % bs == 0:
+                d = dfirst[i]
+                if d <= s < s0[i] + rem[i] and (s - d) % bs == 0:
                     taken += 1
             order.take(taken)
             while v_at < len(victims):  # (the last decode preempted itself)
                 self._free_victim(order, victims[v_at][1], s)
                 v_at += 1
         free = self.avail
+        fin: list[int] = a.fin
+        out0: list[int] = a.out0
         for before, v, reason in victims:
             free += _blocks_before(a, v, s, bs)
-            if a.dfirst[v] <= s and (s - a.dfirst[v]) % bs == 0:
+            if dfirst[v] <= s and (s - dfirst[v]) % bs == 0:
                 free += 1  # (its own crossing at s was counted as taken)
             r = a.req(v)
-            self.saved.append(_as_preempted_now(r, a.out0[v] + _outputs_before(a, v, s, async_)))
+            self.saved.append(_as_preempted_now(r, out0[v] + _outputs_before(a, v, s, async_)))
             self._leave(v, s)
-            a.mid_victims.append((s, before, reason, v, a.rem[v], a.fin[v]))
-            a.rem[v] = s - a.s0[v]
-            a.fin[v] = _NEVER
+            a.mid_victims.append((s, before, reason, v, rem[v], fin[v]))
+            rem[v] = s - s0[v]
+            fin[v] = _NEVER
         self.avail = free
         return self._run(s, 1)
 
@@ -1880,16 +1895,21 @@ class _QueueWalk:
         """Participant ``v``, decoding in schedule ``s``, leaves the walk before it: the running participants, the
         completions' heap, the decoding batch and the block crossings."""
         a, ad = self.a, self.ad
-        top = a.s0[v] + a.rem[v]
+        s0: list[int] = a.s0
+        rem: list[int] = a.rem
+        fin: list[int] = a.fin
+        dbase: list[int] = ad.dbase
+        top = s0[v] + rem[v]
         _remove_value(ad.alive, v)
-        _heap_remove(ad.heap, (a.fin[v] << _HEAP_SHIFT) | v)
+        _heap_remove(ad.heap, (fin[v] << _HEAP_SHIFT) | v)
         entry = (top << _HEAP_SHIFT) | v
         _heap_remove(self.stops, entry)
         self.num_decodes -= 1
-        self.dbase_sum -= ad.dbase[v]
+        self.dbase_sum -= dbase[v]
         self.decoding.discard(v)
         if _heap_remove(self.cross_ends, entry):
-            self.cross_count[self.cross_residue[v]] -= 1
+            residues: list[int] = self.cross_residue
+            self.cross_count[residues[v]] -= 1
 
     def advance(self, j: int) -> None:
         """Move to check point ``j`` (the schedule after the last planned one): completions before it free their
