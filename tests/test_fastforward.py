@@ -773,3 +773,18 @@ def test_the_typed_list_helpers_do_what_the_builtins_do(values, x):
     with pytest.raises(ValueError):
         ff._remove_value(values, absent)
 
+
+
+def test_the_last_victim_rule_preempts_from_the_back_until_the_decode_fits():
+    """vLLM V1's last-victim rule as both schedule 0's and a walk's preemptions use it (fastforward._last_victims):
+    decodes take blocks in running order; one that finds none free preempts the last running request (its blocks
+    freed) until its block fits, or preempts itself; nothing is preempted while blocks are free."""
+    from lab.engine.fastforward import _last_victims
+
+    assert _last_victims([True, True, True], [4, 4, 4], 3) is None
+    # the second decode finds none free: the third (last) goes, its 4 blocks cover the second's; the third is gone
+    assert _last_victims([True, True, True], [4, 4, 4], 1) == [(1, 2)]
+    # a victim holding nothing frees nothing: the rule goes on to the next last request
+    assert _last_victims([True, False, True, True], [4, 4, 0, 0], 0) == [(0, 3), (0, 2), (0, 1)]
+    # the last request needs a block and finds none: it preempts itself
+    assert _last_victims([False, True], [3, 0], 0) == [(1, 1)]
