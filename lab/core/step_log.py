@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from array import array
 
 import numpy as np
 
@@ -27,6 +26,10 @@ ROW_BUDGET = 1 << 16
 RUN_ROW_BUDGET = 1 << 20
 # A summarized log folds its rows into the totals this often (the rows are needed for nothing else).
 SUMMARY_ROWS = 1 << 12
+# Rows appended one at a time (real steps) gathered before they become a block of the log.
+TAIL_ROWS = 1 << 12
+_WAITING = LOGGED_COLUMNS.index("num_waiting")
+_PREEMPTED = LOGGED_COLUMNS.index("num_preempted")
 
 
 def rows_per_log(num_instances: int) -> int:
@@ -178,16 +181,6 @@ class StepLogSummarized(ValueError):
     """The per-step rows of a summarized log were asked for (``output.step_log: summary`` keeps none)."""
 
 
-def _floats(values) -> array:
-    """A float array of ``values`` (a sequence, or a numpy array: copied as raw bytes, converted first only when it
-    does not hold float64 already)."""
-    if isinstance(values, np.ndarray):
-        out = array("d")
-        out.frombytes(values.astype(np.float64, copy=False).tobytes())
-        return out
-    return array("d", values)
-
-
 class StepLog:
     """Per-step records of one instance.
 
@@ -218,8 +211,13 @@ class StepLog:
         self.spill_folder = None if summary or spill_path is not None else spill_folder
         self.chunk_rows = min(chunk_rows, SUMMARY_ROWS) if summary else chunk_rows
         self.bounded = summary or spill_path is not None or self.spill_folder is not None  # rows folded away
-        self.cols = {c: array("d") for c in LOGGED_COLUMNS}
-        self._cols = list(self.cols.values())
+        # The rows held: blocks of rows (LOGGED_COLUMNS x rows, float64), then rows appended one at a time
+        # (``_tail``, lists, moved into a block every TAIL_ROWS). A fast-forward jump's rows arrive as one block,
+        # so no column grows by reallocation (array.array grows by 1/16 at a time: each row was copied about 16
+        # times over a long run); the blocks are joined once, when the rows are read (:attr:`cols`).
+        self._blocks: list[np.ndarray] = []
+        self._tail: list[list[float]] = []
+        self._held_rows = 0
         self.spilled_rows = 0  # rows no longer held (in the spill file, or only in the totals)
         self._folded = StepTotals()
         self._writer = None
@@ -231,66 +229,109 @@ class StepLog:
         """Append one step's row (its ``micro_batch`` slot follows from the row count)."""
         slots = self.num_slots
         slot = 0 if slots == 1 else len(self) % slots
-        for c, v in zip(self._cols, (start, duration, scheduled, prefill, decodes, batch, used, running, waiting,
-                                     preempted, output, transfer_s, slot, stage_s)):
-            c.append(v)
+        self._tail.append([start, duration, scheduled, prefill, decodes, batch, used, running, waiting, preempted,
+                           output, transfer_s, slot, stage_s])
+        self._held_rows += 1
+        if len(self._tail) >= TAIL_ROWS:
+            self._seal_tail()
 
-    def extend(self, start: list, duration: list, decodes: list, used: list, running: int | list[int],
-               waiting: int | list[int], prefill: list[int] | None = None, batch: list[int] | None = None,
-               output: list[int] | None = None) -> None:
+    def _seal_tail(self) -> None:
+        """Move the rows appended one at a time into a block."""
+        if self._tail:
+            self._blocks.append(np.array(self._tail, dtype=np.float64).T.copy())
+            self._tail = []
+
+    def extend(self, start, duration, decodes, used, running, waiting, prefill=None, batch=None,
+               output=None) -> None:
         """Append rows of steps without transfers (fast-forward; a row's preemptions, 0 here, are set by
         :meth:`set_preempted`): per row ``decodes`` requests computing and sampling one token and, with
         ``prefill``, as many tokens of prompts (each request of ``batch`` minus ``decodes`` computes its prompt or a
         chunk of it); ``output``: the requests that sample (default: all of ``batch``); ``running``, ``waiting``:
-        one count for every row, or one per row (a sequence or a float array)."""
+        one count for every row, or one per row. Each column: a sequence or a numpy array of the rows' values
+        (seconds, tokens, counts, blocks)."""
         if self.bounded:
             self.maybe_spill()
         n = len(start)
-        (c_start, c_dur, c_sched, c_pre, c_dec, c_batch, c_used, c_run, c_wait, c_pree, c_out,
-         c_xfer, c_slot, c_stage) = self._cols
-        durations = _floats(duration)  # each column converted once, then copied
-        decs = _floats(decodes)
-        zeros = array("d", bytes(8 * n))
-        c_start.extend(_floats(start))
-        c_dur.extend(durations)
+        if not n:
+            return
+        self._seal_tail()
+        block = np.zeros((len(LOGGED_COLUMNS), n))
+        (c_start, c_dur, c_sched, c_pre, c_dec, c_batch, c_used, c_run, c_wait, _c_pree, c_out, _c_xfer, c_slot,
+         c_stage) = block  # (rows of the block, in LOGGED_COLUMNS order; preemptions and transfers stay 0)
+        c_start[:] = start
+        c_dur[:] = duration
+        c_dec[:] = decodes
         if prefill is None:
-            c_sched.extend(decs)
-            c_pre.extend(zeros)
-            c_batch.extend(decs)
-            c_out.extend(decs)
+            c_sched[:] = c_dec
+            c_batch[:] = c_dec
+            c_out[:] = c_dec
         else:
-            c_sched.extend(_floats(np.asarray(decodes) + np.asarray(prefill)))
-            c_pre.extend(_floats(prefill))
-            seqs = _floats(batch)
-            c_batch.extend(seqs)
-            c_out.extend(seqs if output is None else _floats(output))
-        c_dec.extend(decs)
-        c_used.extend(_floats(used))
-        c_run.extend(array("d", (running,)) * n if isinstance(running, int) else _floats(running))
-        c_wait.extend(array("d", (waiting,)) * n if isinstance(waiting, int) else _floats(waiting))
-        c_pree.extend(zeros)
-        c_xfer.extend(zeros)
+            c_pre[:] = prefill
+            c_sched[:] = c_dec + c_pre
+            c_batch[:] = batch
+            c_out[:] = c_batch if output is None else output
+        c_used[:] = used
+        c_run[:] = running
+        c_wait[:] = waiting
         slots = self.num_slots
-        c_slot.extend(zeros if slots == 1 else [(len(self) - n + i) % slots for i in range(n)])
-        c_stage.extend(durations)
+        if slots != 1:
+            c_slot[:] = np.arange(len(self), len(self) + n) % slots
+        c_stage[:] = c_dur
+        self._blocks.append(block)
+        self._held_rows += n
+
+    def _set_from_end(self, rows_back: int, column: int, value: float, add: bool = False) -> None:
+        """Set (or with ``add``, add to) ``column`` (index in LOGGED_COLUMNS) of the row ``rows_back`` rows from
+        the end (1: the last)."""
+        tail = self._tail
+        if rows_back <= len(tail):
+            row = tail[-rows_back]
+            row[column] = row[column] + value if add else value
+            return
+        rows_back -= len(tail)
+        for block in reversed(self._blocks):
+            width = block.shape[1]
+            if rows_back <= width:
+                if add:
+                    block[column, width - rows_back] += value
+                else:
+                    block[column, width - rows_back] = value
+                return
+            rows_back -= width
+        raise IndexError("step log: no such row held")
 
     def set_preempted(self, rows_back: int, count: int) -> None:
         """Set the preemptions of the row ``rows_back`` rows from the end (1: the last) to ``count`` (a
         fast-forward jump's schedule that preempted; :meth:`extend` writes 0)."""
-        self.cols["num_preempted"][-rows_back] = count
+        self._set_from_end(rows_back, _PREEMPTED, count)
 
     def add_waiting(self, count: int) -> None:
         """Count ``count`` more waiting requests in the last row (arrivals during a fast-forward jump's last step)."""
-        self.cols["num_waiting"][-1] += count
+        self._set_from_end(1, _WAITING, count, add=True)
 
     def maybe_spill(self) -> None:
         """Fold (and spill) the held rows once ``chunk_rows`` are held; a no-op for an unbounded log."""
-        if self.bounded and len(self._cols[0]) >= self.chunk_rows:
+        if self.bounded and self._held_rows >= self.chunk_rows:
             self.flush()
 
+    def _joined(self) -> np.ndarray:
+        """The rows held as one block (LOGGED_COLUMNS x rows), joined once and kept so."""
+        self._seal_tail()
+        blocks = self._blocks
+        if len(blocks) != 1:
+            self._blocks = blocks = [np.concatenate(blocks, axis=1) if blocks
+                                     else np.zeros((len(LOGGED_COLUMNS), 0))]
+        return blocks[0]
+
+    @property
+    def cols(self) -> dict[str, np.ndarray]:
+        """The rows held, by column (LOGGED_COLUMNS; float64 views of the held rows, valid until more rows come)."""
+        block = self._joined()
+        return dict(zip(LOGGED_COLUMNS, block))
+
     def _held(self, rows: slice = slice(None)) -> dict[str, np.ndarray]:
-        return {k: np.frombuffer(v, dtype=float)[rows] if len(v) else np.array([], float)
-                for k, v in self.cols.items()}
+        block = self._joined()
+        return {k: v[rows] for k, v in zip(LOGGED_COLUMNS, block)}
 
     def _frame_columns(self, cols: dict[str, np.ndarray]) -> dict:
         n = len(cols["start"])
@@ -302,7 +343,7 @@ class StepLog:
     def flush(self) -> None:
         """Fold the rows held, all but the last, into the totals; write them to the spill file (full log) or drop
         them (summarized log). A no-op for an unbounded log."""
-        n = len(self._cols[0]) - 1
+        n = self._held_rows - 1
         if n <= 0 or not self.bounded:
             return
         cols = self._held(slice(0, n))
@@ -312,9 +353,8 @@ class StepLog:
         if self.spill_path is not None:
             self._write(cols)
         self.spilled_rows += n
-        last = [c[-1] for c in self._cols]
-        self.cols = {c: array("d", (v,)) for c, v in zip(LOGGED_COLUMNS, last)}
-        self._cols = list(self.cols.values())
+        self._blocks = [self._blocks[0][:, n:].copy()]  # (the last row, which an arrival may still update)
+        self._held_rows = 1
 
     def _write(self, cols: dict[str, np.ndarray]) -> None:
         """Append the rows to the spill file: an Arrow IPC file, LZ4-compressed (a temporary file read back by
@@ -364,8 +404,8 @@ class StepLog:
                     batch = reader.get_batch(i)
                     for lo in range(0, batch.num_rows, chunk_rows):
                         yield batch.slice(lo, chunk_rows).to_pandas()
-        if len(self._cols[0]):
+        if self._held_rows:
             yield pd.DataFrame(self._frame_columns(self._held()))
 
     def __len__(self) -> int:
-        return self.spilled_rows + len(self._cols[0])
+        return self.spilled_rows + self._held_rows
