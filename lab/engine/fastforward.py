@@ -726,21 +726,24 @@ class _Stretch:
             self.suffix = np.array([sums], dtype=np.int64)
         self.rem_sorted = np.array([rem[i] for i in order])
 
-    def steady_times(self, cost, kk: int, pad_table: np.ndarray) -> list[tuple[int, list[float]]] | None:
-        """Schedules 0..kk-1 as runs of one unchanged batch (it changes only at completions): per run, its decodes
-        and its step seconds (plain floats) from the cost model's ``steady_decode_times``. None when the cost model
-        has no steady form."""
+    def steady_times(self, cost, kk: int, pad_table: np.ndarray, t_from: int = 0) -> list[tuple[int, list[float]]] | None:
+        """Schedules t_from..kk-1 as runs of one unchanged batch (it changes only at completions): per run, its
+        decodes and its step seconds (plain floats) from the cost model's ``steady_decode_times``, each step's from
+        its own sums (so a stretch priced in parts has the same times). None when the cost model has no steady
+        form."""
         ctx, rem = self.ctx, self.rem
         n = self.n
         if kk <= self.min_rem:  # the common case: no completion among them
             total = 0
             for c in ctx:
                 total += c
-            times = cost.steady_decode_times(n, total, _largest(ctx), _smallest(ctx), int(pad_table[n]), kk)
+            times = cost.steady_decode_times(n, total + n * t_from, _largest(ctx) + t_from, _smallest(ctx) + t_from,
+                                             int(pad_table[n]), kk - t_from)
             return None if times is None else [(n, times)]
         by_rem = sorted(zip(rem, ctx))
         runs = []
-        t0 = first = 0  # by_rem[first:] take part in schedule t0 (rem > t0)
+        first = 0  # by_rem[first:] take part in schedule t0 (rem > t0)
+        t0 = t_from
         while t0 < kk:
             while by_rem[first][0] <= t0:
                 first += 1
@@ -986,15 +989,19 @@ class _EndsStretch:
         self.ends = ends
         self.j_lo = j_lo
 
-    def steady_times(self, cost, kk: int, pad_table: np.ndarray) -> list[tuple[int, list[float]]] | None:
+    def steady_times(self, cost, kk: int, pad_table: np.ndarray, t_from: int = 0) -> list[tuple[int, list[float]]] | None:
         """As :meth:`_Stretch.steady_times` for a cost model that reads no context range (0 passed for it)."""
         ends, j_lo = self.ends, self.j_lo
         by_end = ends.by_end
         k = ends.lo
         b = len(by_end) - k
         base_sum = ends.base_sum
+        while k < len(by_end) and by_end[k][0] - j_lo <= t_from:  # (the decodes ended before schedule t_from)
+            base_sum -= by_end[k][1]
+            b -= 1
+            k += 1
         runs = []
-        t0 = 0
+        t0 = t_from
         while t0 < kk:
             t1 = by_end[k][0] - j_lo
             if t1 > kk:
@@ -2264,10 +2271,22 @@ def _decode_stretch(inst, a: _Arrivals, alive: list[int], dbase: list[int], j_lo
     stretch = ends_of.stretch(j_lo) if ends_of is not None else _Stretch(ctx, rem, inst.cost_model.uses_decode_range)
     ends = a.ends
     kk = min(top - j_lo, _first_chunk(a))
+    counts: list[int] = []
+    dts: list[float] = []
+    seg: list[float] = []
+    done = 0  # schedules priced in plain floats so far (a longer chunk prices only the ones after them)
     while True:
         # plain floats when the cost model offers them (the same sums without numpy's cost per call), else numpy
-        counts, dts, seg, hidden = (_steady_segment(inst, a, stretch, kk, pad_table, async_, cpu_on)
-                                    or _numpy_segment(inst, a, stretch, kk, pad_table, async_, cpu_on))
+        part = _steady_segment(inst, a, stretch, kk, pad_table, async_, cpu_on, done, dts, seg) if done >= 0 else None
+        if part is None:
+            counts, dts, seg, hidden = _numpy_segment(inst, a, stretch, kk, pad_table, async_, cpu_on)
+            done = -1  # (a longer chunk is priced whole again)
+        else:
+            counts += part[0]
+            dts += part[1]
+            seg += part[2]
+            hidden = part[3]
+            done = kk
         if not hidden or kk == top - j_lo or _past_next_arrival(seg, a.hint, async_) or seg[-1] >= stop_time:
             break
         kk = min(top - j_lo, _next_chunk(kk, seg, dts, a.hint))
@@ -2335,28 +2354,31 @@ def _next_chunk(kk: int, seg: list[float], dts: list[float], hint: float) -> int
 
 
 def _steady_segment(inst, a: _Arrivals, stretch: Any, kk: int, pad_table: np.ndarray, async_: bool,
-                    cpu_on) -> tuple[list[int], list[float], list[float], bool] | None:
-    """(decodes, step seconds, end times, True) of the stretch's schedules 0..kk-1 after the jump's last planned
-    step, as plain ints and floats (:meth:`_Stretch.steady_times`: tens of steps between arrivals cost less so than
-    through numpy) when the cost model offers it and, under async, their CPU work passes the quick test of
-    :func:`_numpy_segment`; else None (priced with numpy there)."""
-    runs = stretch.steady_times(inst.cost_model, kk, pad_table)
+                    cpu_on, t_from: int = 0, prev_dts: list[float] | None = None,
+                    prev_seg: list[float] | None = None) -> tuple[list[int], list[float], list[float], bool] | None:
+    """(decodes, step seconds, end times, True) of the stretch's schedules t_from..kk-1 after the jump's last
+    planned step (and ``prev_dts``, ``prev_seg``: the stretch's schedules before ``t_from``, priced so), as plain
+    ints and floats (:meth:`_Stretch.steady_times`: tens of steps between arrivals cost less so than through numpy)
+    when the cost model offers it and, under async, their CPU work passes the quick test of :func:`_numpy_segment`;
+    else None (priced with numpy there)."""
+    runs = stretch.steady_times(inst.cost_model, kk, pad_table, t_from)
     if runs is None:
         return None
     counts: list[int] = []
     dts: list[float] = []
     opt = inst.options
+    before: float = prev_dts[-1] if prev_dts else a.dts[-1]  # the step before the first one
     for b, times in runs:
         counts += [b] * len(times)
         if cpu_on:
             cpu = _decode_cpu(opt, b)
             if not async_:
                 times = [d + cpu for d in times]
-            elif not (cpu <= (dts[-1] if dts else a.dts[-1]) and (len(times) < 2 or cpu <= min(times[:-1]))):
+            elif not (cpu <= (dts[-1] if dts else before) and (len(times) < 2 or cpu <= min(times[:-1]))):
                 return None
         dts += times
     seg: list[float] = []
-    end: float = a.ends[-1]
+    end: float = prev_seg[-1] if prev_seg else a.ends[-1]
     for d in dts:  # one step at a time, as the event loop adds them
         end += d
         seg.append(end)
