@@ -1382,7 +1382,8 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
             # reads the waiting queue's length, which does not hold the walk's victims)
             return
         if m + _QUEUE_HEADS // 2 >= len(heads):
-            more = waiting.first(in_heads + 4 * (len(heads) - m) + _QUEUE_HEADS)[in_heads:]
+            # (four times as many as read so far: a long walk reads the queue's front O(its length) times in all)
+            more = waiting.first(max(4 * in_heads, in_heads + _QUEUE_HEADS))[in_heads:]
             heads += more
             in_heads += len(more)
         rest = walk.rest(j)  # a chunk of a prompt part-way done, in the running phase
