@@ -1310,12 +1310,7 @@ def _blocks_at_end(a: _Arrivals, i: int, bs: int) -> int:
     """The blocks participant i holds when it completes (those it held, its admission's, its decodes' crossings)."""
     s0: list[int] = a.s0
     rem: list[int] = a.rem
-    dfirst: list[int] = a.dfirst
-    held: list[int] = a.held
-    base: list[int] = a.base
-    top = s0[i] + rem[i]
-    first = dfirst[i]
-    return held[i] + base[i] + ((top - first + bs - 1) // bs if top > first else 0)
+    return _blocks_before(a, i, s0[i] + rem[i], bs)
 
 
 def _full_blocks_at_end(a: _Arrivals, i: int, bs: int, async_: bool, m: int = -1) -> int:
@@ -1365,8 +1360,11 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
         if j >= cap or a.made_at(j) >= stop_time:
             return
         if walk.avail < 0:  # schedule j runs out of KV blocks: it preempts, then only decodes
-            victims = _walk_preemptions(inst, a, ad, walk, j)
-            if victims is None or not walk.preempt(j, victims):
+            found = _walk_preemptions(inst, a, ad, walk, j)
+            if found is None:
+                return
+            victims, needs_block = found
+            if not walk.preempt(j, victims, needs_block):
                 return
             moved: list[Request] = []  # (the last preempted first)
             for x in range(len(victims) - 1, -1, -1):
@@ -1445,13 +1443,15 @@ def _walk_queue(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", j: int, 
         walk.advance(j)
 
 
-def _walk_preemptions(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", s: int) -> list | None:
+def _walk_preemptions(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", s: int) -> tuple[list, list[bool]] | None:
     """The preemptions of schedule ``s`` of a walk through the queue, whose decodes run out of KV blocks, as the
     scheduler declares them (``SchedulerBase.decode_preemption_reason``: vLLM V1's ``last`` victim rule,
     recompute), as :func:`_decode_victims` makes schedule 0's: the decodes take their blocks in running order
     (participants alive, by position); one that finds none free preempts the last running participant until it
-    fits or is preempted itself. Returns (participant whose decode needs the block, victim, reason) in
-    preemption order; None when the walk must end there: the policy preempts otherwise, a prompt is part-way done,
+    fits or is preempted itself. Returns the victims, (participant whose decode needs the block, victim, reason,
+    blocks it holds, whether it takes a block in schedule ``s``), in preemption order, and for each running
+    participant (``ad.alive``, in order) whether its decode takes a block in ``s``; None when the walk must end
+    there: the policy preempts otherwise, a prompt is part-way done,
     a victim is not decoding in schedule ``s`` (under async, its last token in flight) or holds content others may
     share, or nothing would be left to decode."""
     if s < 1 or walk.pending is not None or inst.kv_offload is not None:
@@ -1475,17 +1475,17 @@ def _walk_preemptions(inst, a: _Arrivals, ad: _Admitting, walk: "_QueueWalk", s:
     preempted = _last_victims(needs_block, held, walk.avail + num_crossing)
     if preempted is None or len(preempted) >= len(alive):
         return None
-    victims: list[tuple[int, int, str]] = []
+    victims: list[tuple[int, int, str, int, bool]] = []
     for x, y in preempted:
         v = alive[y]
         reason = inst.scheduler.decode_preemption_reason(inst, a.req(alive[x]))
         if reason is None or not d0[v] <= s < s0[v] + rem[v] or not unique_content(a.req(v)):
             return None
-        victims.append((alive[x], v, reason))
+        victims.append((alive[x], v, reason, held[y], needs_block[y]))
     for x in range(len(alive) - len(preempted)):
         i = alive[x]
         if d0[i] <= s < s0[i] + rem[i]:
-            return victims
+            return victims, needs_block
     return None  # nothing left to decode
 
 
@@ -1840,9 +1840,9 @@ class _QueueWalk:
             self.dbase_sum -= dbase[i]
             self.decoding.discard(i)
 
-    def preempt(self, s: int, victims: list) -> bool:
-        """Schedule ``s`` (its decodes short of blocks) makes the preemptions ``victims`` (:func:`_walk_preemptions`)
-        and then only decodes: each victim's blocks are freed (to the free order, in running order among the
+    def preempt(self, s: int, victims: list, needs_block: list[bool]) -> bool:
+        """Schedule ``s`` (its decodes short of blocks) makes the preemptions ``victims`` (:func:`_walk_preemptions`,
+        with ``needs_block``: which running participants take a block in ``s``) and then only decodes: each victim's blocks are freed (to the free order, in running order among the
         decodes' takes), its schedules end before ``s`` (``rem``; it completes no more: ``fin``), it leaves the
         batch and the heaps, and it waits with the state ``Instance.preempt`` leaves; schedule ``s`` is priced.
         False when that pricing fails (the victims are recorded; :meth:`_Arrivals.keep` gives them back their
@@ -1850,11 +1850,9 @@ class _QueueWalk:
         a, ad = self.a, self.ad
         if len(a.dts) != s:
             return False
-        bs: int = self.bs
         async_: bool = ad.async_
         alive: list[int] = ad.alive
-        dfirst: list[int] = a.dfirst  # (typed locals: native indexing when compiled)
-        s0: list[int] = a.s0
+        s0: list[int] = a.s0  # (typed locals: native indexing when compiled)
         rem: list[int] = a.rem
         order = self.order
         if order is not None:  # schedule s's takes and frees, in running order
@@ -1866,22 +1864,21 @@ class _QueueWalk:
                 while v_at < len(victims) and victims[v_at][0] == i:
                     order.take(taken)
                     taken = 0
-                    self._free_victim(order, victims[v_at][1], s)
+                    self._free_victim(order, victims[v_at], s)
                     v_at += 1
-                d = dfirst[i]
-                if d <= s < s0[i] + rem[i] and (s - d) % bs == 0:
+                if needs_block[x]:
                     taken += 1
             order.take(taken)
             while v_at < len(victims):  # (the last decode preempted itself)
-                self._free_victim(order, victims[v_at][1], s)
+                self._free_victim(order, victims[v_at], s)
                 v_at += 1
         free = self.avail
         fin: list[int] = a.fin
         out0: list[int] = a.out0
-        for before, v, reason in victims:
-            free += _blocks_before(a, v, s, bs)
-            if dfirst[v] <= s and (s - dfirst[v]) % bs == 0:
-                free += 1  # (its own crossing at s was counted as taken)
+        for before, v, reason, blocks, crossing in victims:
+            free += blocks
+            if crossing:
+                free += 1  # (its own block in s was counted as taken)
             r = a.req(v)
             self.saved.append(_as_preempted_now(r, out0[v] + _outputs_before(a, v, s, async_)))
             self._leave(v, s)
@@ -1891,12 +1888,13 @@ class _QueueWalk:
         self.avail = free
         return self._run(s, 1)
 
-    def _free_victim(self, order: "_FreeOrder", v: int, s: int) -> None:
-        """Victim ``v``'s blocks at schedule ``s`` freed in the free order (``BlockPool.free_unique``)."""
+    def _free_victim(self, order: "_FreeOrder", victim: tuple, s: int) -> None:
+        """A victim's blocks (:func:`_walk_preemptions`'s entry) freed in the free order at schedule ``s``
+        (``BlockPool.free_unique``)."""
         a = self.a
-        bs: int = self.bs
-        blocks = _blocks_before(a, v, s, bs)
-        full = _full_blocks_at_end(a, v, bs, self.ad.async_, s - a.s0[v])
+        v: int = victim[1]
+        blocks: int = victim[3]
+        full = _full_blocks_at_end(a, v, self.bs, self.ad.async_, s - a.s0[v])
         order.free(blocks - full, full, a.req(v))
 
     def _leave(self, v: int, s: int) -> None:
@@ -3057,8 +3055,8 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
     decodes = counts[q - off:q1 - off]
     running: Any
     waits: Any
+    rows = np.arange(q, q1)
     if fins or adm or pre:
-        rows = np.arange(q, q1)
         running = (running_end - n_adm + n_fin + np.searchsorted(adm, rows, "right")
                    - np.searchsorted(fins, rows, "right")).astype(float)
         if pre:  # a victim runs until its schedule's row
@@ -3073,9 +3071,9 @@ def _rows(inst, plan: Plan, q0: int, q1: int, n_sched: int) -> None:
         if arrivals:
             waits += np.searchsorted(arrivals, e, "left")
         if plan.from_queue:  # a head admitted at schedule j waits no more from row j on
-            waits -= np.searchsorted(adm, np.arange(q, q1), "right")
+            waits -= np.searchsorted(adm, rows, "right")
             if pre:  # and a victim of schedule j waits from row j on
-                waits += np.searchsorted(pre, np.arange(q, q1), "right")
+                waits += np.searchsorted(pre, rows, "right")
     else:
         waits = nw
     prefill = batch = output = None
