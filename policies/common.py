@@ -200,6 +200,15 @@ def schedule_drafts(out: SchedulerOutput, request: Request, num_new_tokens: int)
     request.num_spec_tokens = 0
 
 
+def verify_tokens(engine: EngineView, request: Request) -> int:
+    """Tokens a decoding request computes in one step: its last sampled token and its drafts (1 + k), cut so that
+    no position reaches ``max_model_len`` (vLLM: ``min(n, max_model_len - 1 - num_computed_tokens)``, "necessary
+    when using spec decoding"); :func:`schedule_drafts` then trims the drafts to what is left."""
+    n = 1 + request.num_spec_tokens
+    cap = engine.config.max_model_len - 1 - request.num_computed_tokens
+    return n if n <= cap else cap
+
+
 def is_running(request: Request) -> bool:
     """Still in the running list (not preempted or finished this step)."""
     return request.status == RequestStatus.RUNNING

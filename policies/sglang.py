@@ -42,7 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from lab.core.queues import FixedOrder, make_queue
 from lab.core.request import Request
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
-from policies.common import allocate_waiting, is_running, lookup, pick_victim, schedule_drafts, take_waiting
+from policies.common import (allocate_waiting, is_running, lookup, pick_victim, schedule_drafts, take_waiting,
+                             verify_tokens)
 
 
 class LongestOutputFirstQueue(FixedOrder):
@@ -300,7 +301,7 @@ class SGLangScheduler(SchedulerBase):
                        for d in decoding)
             if need <= kv.num_free_blocks:
                 for d in decoding:
-                    n = 1 + d.num_spec_tokens
+                    n = verify_tokens(engine, d)
                     if kv.allocate_slots(d, n):
                         out.add(d, n)
                         if d.num_spec_tokens:
@@ -322,7 +323,7 @@ class SGLangScheduler(SchedulerBase):
         for r in decoding:
             if not is_running(r):
                 continue
-            n = 1 + r.num_spec_tokens  # EAGLE/MTP verify: the sampled token and its drafts (topk 1 chain)
+            n = verify_tokens(engine, r)  # EAGLE/MTP verify: the sampled token and its drafts (topk 1 chain)
             if not kv.allocate_slots(r, n, num_lookahead_tokens=lookahead):
                 engine.preempt(r, reason="SGLang: decode out of KV after retraction", requeue="tail")
                 out.preempted.append(r)

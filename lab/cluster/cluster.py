@@ -27,15 +27,26 @@ class RouterError(RuntimeError):
     """A router returned something that is not the index of one of the instances it was shown."""
 
 
+def _router_file(router: Router) -> str:
+    """`` (router defined in <file>)`` for a router class from a user's file (any module but the built-in
+    ``policies.`` ones, as the scheduler contract errors name theirs), else ``""``."""
+    import sys  # noqa: PLC0415  (only on the error path)
+
+    module = type(router).__module__
+    where = getattr(sys.modules.get(module), "__file__", None)
+    return f" (router defined in {where})" if where and not module.startswith("policies.") else ""
+
+
 def _checked(router: Router, index: object, num_instances: int) -> int:
-    """``index`` as an instance index, or :class:`RouterError` naming the router and what it returned."""
+    """``index`` as an instance index, or :class:`RouterError` naming the router (and its file, for a user's
+    router) and what it returned."""
     try:
         i = operator.index(index)  # ints and numpy integers; not None, floats or strings
     except TypeError:
         i = None
     if i is None or isinstance(index, bool) or not 0 <= i < num_instances:
         raise RouterError(f"router {type(router).__name__} returned {index!r}; expected an instance index "
-                          f"0..{num_instances - 1}")
+                          f"0..{num_instances - 1}{_router_file(router)}")
     return i
 
 
@@ -201,12 +212,14 @@ class Cluster:
             request.stop_at = min(request.max_tokens, rule.after_output_tokens)
 
     def _leave(self, request: Request) -> None:
-        """A request reached its pool's hand-off point (its source instance has freed its blocks)."""
+        """A request reached its pool's hand-off point: its source instance pins its blocks for the target to read
+        (with a KV transfer) or frees them, here, before the request reaches any other instance."""
         rule = self.pools[request.pool].hand_off
         assert rule is not None  # only instances of pools with a rule have this callback
         self.num_hand_offs += 1
         if rule.transfer is not None:
-            self._pin(request, rule.transfer)
+            self._pin(request, rule.transfer)  # its blocks leave the request, pinned on the source
+        self.by_id[request.instance_id].kv.free(request, finished=True)
         if rule.delay_s > 0:
             self.env.process(self._deliver_later(request, rule))
         else:

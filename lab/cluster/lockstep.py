@@ -86,20 +86,28 @@ class LockStepGroup:
         return max(r.now for r in self.ranks)
 
     def _idle(self) -> bool:
-        return all(not r.running and not r.waiting for r in self.ranks)
+        """No rank holds a request in any state: running, waiting, holding or waiting for remote KV."""
+        return all(not (r.running or r.waiting or r.kv_holding or r.remote_pending) for r in self.ranks)
+
+    def _sleep(self):
+        """Wait until an arrival, a hand-off or a completed KV read wakes any rank (a SimPy event)."""
+        wakeup = self.env.event()
+        for r in self.ranks:
+            r.wakeup_event = wakeup
+        return wakeup
 
     def _loop(self):
         env = self.env
         ranks = self.ranks
         while True:
             if self._idle():
-                wakeup = env.event()
-                for r in ranks:
-                    r.wakeup_event = wakeup
-                yield wakeup
+                yield self._sleep()
                 continue
             steps = [r.schedule_step() for r in ranks]
             if all(s is None for s in steps):
+                if all(r.waits_for_events() for r in ranks):  # e.g. a decode rank's remote KV reads under way
+                    yield self._sleep()
+                    continue
                 self._reject_unservable()
                 continue
             dt = self._price(steps)
@@ -141,5 +149,5 @@ class LockStepGroup:
         """Nothing was scheduled on any rank: each rank with requests resolves its stall as a single instance does
         (``Instance.resolve_stall``)."""
         for r in self.ranks:
-            if r.running or r.waiting:
+            if not r.waits_for_events():
                 r.resolve_stall()

@@ -27,8 +27,10 @@ class DraftAcceptance(Protocol):
     ``propose`` returns the drafts the drafter proposes for a request's next step (0..k; 0 when an n-gram lookup
     misses). ``num_accepted`` returns an integer in [0, num_draft_tokens]: drafts 1..a were accepted and a + 1 was
     not (token i counts only if 1..i-1 did); it also keeps the spec-decode counters. Both must be deterministic for
-    a given seed and call order.
+    a given seed and call order. ``num_speculative_tokens`` is k, the most drafts ``propose`` returns.
     """
+
+    num_speculative_tokens: int
 
     def propose(self, request: Request) -> int: ...
 
@@ -45,11 +47,17 @@ def record_first_token(request: Request, now: float) -> None:
 def release_request(request: Request, now: float, kv: KVCacheManager,
                     on_done: Callable[[Request], None] | None,
                     on_hand_off: Callable[[Request], None] | None) -> None:
-    """A request reached ``stop_at`` output tokens at ``now`` (seconds): free its KV blocks (cached content stays
-    hittable). With all ``max_tokens`` produced it finishes and ``on_done`` reports it; with fewer, its pool hands
-    it on with its computed state (status WAITING) through ``on_hand_off``, which runs before the free so that it
-    may keep the blocks (``kv.detach``: prefill/decode disaggregation pins them until the decode side has read
-    them). The event is recorded either way."""
+    """A request reached ``stop_at`` output tokens at ``now`` (seconds).
+
+    With all ``max_tokens`` produced it finishes: its KV blocks are freed (cached content stays hittable) and
+    ``on_done`` reports it. With fewer, its pool hands it on (status WAITING) through ``on_hand_off``, which owns
+    the request's blocks from then on: it frees them on this instance, or keeps them pinned here for the next
+    pool to read (prefill/decode disaggregation, ``kv.detach``), before the request reaches the next pool, so a
+    request never arrives holding another instance's block ids (lab/cluster/cluster.py ``Cluster._leave``). The
+    request leaves with its tokens' KV computed except the last sampled token's (``num_computed_tokens =
+    num_tokens - 1``, as after any decode): drafts accepted past ``stop_at`` were not emitted, and a step of it
+    still in flight here (async scheduling) is dropped with its placeholders and drafts. The event is recorded
+    either way."""
     finished = request.num_output_tokens >= request.max_tokens
     request.status = RequestStatus.FINISHED if finished else RequestStatus.WAITING
     if finished:
@@ -59,15 +67,15 @@ def release_request(request: Request, now: float, kv: KVCacheManager,
     request.num_spec_tokens = 0  # draft token ids never leave the instance
     if request.events is not None:
         request.events.append((now, "finished" if finished else "handed_off"))
-    callback = on_done if finished else on_hand_off
-    if finished:
+    if finished or on_hand_off is None:
         kv.free(request, finished=True)
-    elif callback is not None:
-        callback(request)  # before the free: a disaggregated hand-off pins the blocks (kv.detach) for the reader
-    if not finished:
-        kv.free(request, finished=True)
-    elif callback is not None:
-        callback(request)
+        if on_done is not None and finished:
+            on_done(request)
+        return
+    num_tokens = request.prompt_len + request.num_output_tokens
+    if request.num_computed_tokens > num_tokens - 1:
+        request.num_computed_tokens = num_tokens - 1
+    on_hand_off(request)
 
 
 class StepOutputs:

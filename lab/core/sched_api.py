@@ -118,6 +118,11 @@ class SchedulerContractError(RuntimeError):
     """A scheduler returned a step that breaks the engine's rules (the message names the policy and the rule)."""
 
 
+class EngineStall(SchedulerContractError):
+    """The run ran out of events while requests were neither finished nor rejected (no horizon cut them off): some
+    mechanism waits for an event that never comes. The message names the requests, their instance and state."""
+
+
 def contract_violation(out: SchedulerOutput, config: SchedulerConfig, num_running: int,
                        max_step_tokens: int | None) -> str:
     """The first rule of the scheduler contract ``out`` breaks, as a sentence, or '' if it keeps them all.

@@ -78,6 +78,20 @@ class EngineOptions:
         return max(1, len(self.stage_layers))
 
 
+def no_output_limit(config: SchedulerConfig) -> int:
+    """Engine steps in a row without an emitted token after which an instance reports a livelock.
+
+    A step emits no token only while every request it computes is in a non-final prefill chunk (or the tokens it
+    sampled are dropped by a preemption). Without livelock that lasts at most as long as prefilling
+    ``max_num_seqs`` prompts of ``max_model_len`` tokens in chunks of the budget (or of
+    ``long_prefill_token_threshold`` when smaller): the limit is twice that, and at least 10,000 steps."""
+    chunk = config.max_num_batched_tokens
+    if 0 < config.long_prefill_token_threshold < chunk:
+        chunk = config.long_prefill_token_threshold
+    steps_per_prompt = -(-config.max_model_len // max(1, chunk))
+    return max(10_000, 2 * config.max_num_seqs * steps_per_prompt)
+
+
 class Instance:
     """A vLLM-style engine instance.
 
@@ -153,6 +167,9 @@ class Instance:
         self._stalled_schedules = 0
         self._steps_since_finish = 0
         self._no_finish_limit = max(1_000_000, 4 * config.max_model_len)
+        self._steps_since_output = 0
+        self._no_output_limit = no_output_limit(config)
+        self._preemptions_by_request: dict[Request, int] = {}  # preemptions since the request last emitted
         # prefill side: blocks of finished requests pinned until their decode instance has read them
         self.num_pinned_blocks = 0
         self.peak_pinned_blocks = 0
@@ -246,6 +263,8 @@ class Instance:
         request.num_spec_tokens = 0  # and so are its drafts
         request.num_preemptions += 1
         self.num_preemptions += 1
+        counts = self._preemptions_by_request
+        counts[request] = counts.get(request, 0) + 1
         where = self.config.preemption_requeue
         if (requeue if where == "auto" else where) == "tail":
             self.waiting.add(request)
@@ -366,7 +385,15 @@ class Instance:
 
     def receive(self, request: Request) -> None:
         """Take over a request handed on from another instance with its computed state: it keeps its tokens,
-        timings and ``num_computed_tokens`` (its KV arrived with it) and waits here like a swapped-in request."""
+        timings and ``num_computed_tokens`` (its KV arrived with it) and waits here like a swapped-in request.
+
+        Raises:
+            RuntimeError: the request still holds blocks of the instance it left (blocks are released only by the
+                instance that allocated them; lab/core/outputs.py ``release_request``).
+        """
+        if request.blocks:
+            raise RuntimeError(f"request {request.request_id} reached instance {self.instance_id} holding "
+                               f"{len(request.blocks)} KV block(s) of instance {request.instance_id}")
         deferred = self._before_arrival()
         source = request.pool
         self._take_over(request)
@@ -509,14 +536,26 @@ class Instance:
         if request.total_tokens > cfg.max_model_len:
             return (f"prompt + output tokens ({request.prompt_len} + {request.max_tokens}) exceed "
                     f"max_model_len ({cfg.max_model_len})")
-        need = self.kv.blocks_for(request.total_tokens - 1)
+        peak = self.peak_kv_tokens(request)
+        need = self.kv.blocks_for(peak)
         if need > self.kv.pool.num_usable_blocks:
-            return (f"needs {need} KV blocks for {request.total_tokens - 1} tokens; the cache has "
-                    f"{self.kv.pool.num_usable_blocks}")
+            extra = peak - (request.total_tokens - 1)
+            return (f"needs {need} KV blocks for {peak} tokens"
+                    + (f" ({request.total_tokens - 1} + {extra} draft and lookahead slots)" if extra else "")
+                    + f"; the cache has {self.kv.pool.num_usable_blocks}")
         if not cfg.enable_chunked_prefill and request.prompt_len > cfg.max_num_batched_tokens:
             return (f"prompt ({request.prompt_len} tokens) exceeds max_num_batched_tokens "
                     f"({cfg.max_num_batched_tokens}) with chunked prefill off")
         return ""
+
+    def peak_kv_tokens(self, request: Request) -> int:
+        """The most KV slots ``request`` holds here at once (tokens): its last decode step computes up to
+        ``prompt + output - 1`` tokens plus k drafts and reserves ``num_lookahead_tokens`` more slots for the
+        drafter (vLLM ``allocate_slots``), capped at ``max_model_len`` as vLLM caps the allocation. A request whose
+        peak does not fit an empty cache would preempt itself at its last steps for ever."""
+        k = self.acceptance.num_speculative_tokens if self.acceptance is not None else 0
+        peak = request.total_tokens - 1 + k + self.config.num_lookahead_tokens
+        return min(peak, self.config.max_model_len)
 
     def _reject(self, request: Request, reason: str) -> None:
         if request.swapped_tokens:  # its KV copy in CPU memory is dropped
@@ -575,6 +614,29 @@ class Instance:
             request.events.append((self.now, "preempted", "remote KV dropped: no holder could be admitted; "
                                                           "recompute here"))
         self.waiting.prepend(request)
+
+    def waits_for_events(self) -> bool:
+        """Nothing was scheduled and nothing is in flight: True when only an event from outside the engine loop
+        can give this instance work (an arrival, a hand-off, a remote KV read that completes, pinned blocks that
+        its decode instance frees); False when requests are here that a schedule should be able to serve (the
+        caller then resolves the stall)."""
+        if self.running:
+            return False
+        return not (self.waiting or self.kv_holding) or bool(self._loads_in_flight or self.num_pinned_blocks)
+
+    def skip_to_eligible_step(self) -> bool:
+        """Async PP with nothing in flight and every running decode gated (``next_decode_eligible_step`` ahead of
+        the scheduler's step counter): vLLM's engine loop calls ``schedule()`` again at once, each empty call
+        advancing the counter, until a decode is eligible (vllm/v1/engine/core.py ``step_with_batch_queue`` with an
+        empty batch queue). Set the counter to the first eligible step; True when the schedule just made gated a
+        decode (the loop then schedules again at once), False when it gated none (a stall to resolve)."""
+        if not self.pipeline_async or not self.running:
+            return False
+        first = min(r.next_decode_eligible_step for r in self.running)
+        if first < self.num_scheduler_steps:  # eligible at the schedule just made (step num_scheduler_steps - 1)
+            return False
+        self.num_scheduler_steps = first
+        return True
 
     def reject_unservable_head(self) -> None:
         """Nothing runs and the waiting head cannot be admitted even into an empty cache: it never will be."""
@@ -720,6 +782,18 @@ class Instance:
                              f"(at {self.now:.3f} s: {len(self.running)} running, {len(self.waiting)} waiting, "
                              f"{self.num_preemptions:,} preemptions so far); a preemption livelock?")
 
+    def _no_output(self) -> None:
+        """Stop a run that emits no token for ``_no_output_limit`` steps (:func:`no_output_limit`), naming the
+        request preempted most often since the last token: each preemption drops the work (and a token in flight)
+        of a request that never gets to emit, e.g. one whose next step never fits the cache."""
+        counts = self._preemptions_by_request
+        worst = max(counts, key=counts.__getitem__) if counts else None
+        most = (f"; request {worst.request_id} was preempted {counts[worst]:,} times since the last token"
+                if worst is not None else "")
+        self._contract_error(f"no progress: no token emitted in {self._no_output_limit:,} steps (at {self.now:.3f} s: "
+                             f"{len(self.running)} running, {len(self.waiting)} waiting, {self.num_preemptions:,} "
+                             f"preemptions so far{most}); a preemption livelock")
+
     def _contract_error(self, rule: str) -> None:
         cls = type(self.scheduler)
         where = getattr(sys.modules.get(cls.__module__), "__file__", None)  # a user policy names its file
@@ -798,6 +872,14 @@ class Instance:
             self._steps_since_finish += 1
             if self._steps_since_finish > self._no_finish_limit:
                 self._no_progress()
+        if sampled:
+            self._steps_since_output = 0
+            if self._preemptions_by_request:
+                self._preemptions_by_request.clear()
+        else:
+            self._steps_since_output += 1
+            if self._steps_since_output > self._no_output_limit:
+                self._no_output()
         if self.kv_offload is not None:
             self.kv_offload.step_ended(step, step.requests, end)
         if self._loaded:
@@ -816,9 +898,11 @@ class Instance:
         steps = self.steps
         if steps.bounded:
             steps.maybe_spill()
-        steps.append(step.start, duration, shape.num_tokens, shape.num_tokens - shape.num_decodes, shape.num_decodes,
-                     shape.num_seqs, step.used_blocks, len(self.running), len(self.waiting), step.num_preempted,
-                     sampled, step.transfer_s, busy)
+        steps.append(step.start, duration, shape.num_tokens,  # a verify query: 1 decode token + its drafts
+                     shape.num_tokens - shape.num_decodes - sum(shape.verify_new),
+                     shape.num_decodes + len(shape.verify_new), shape.num_seqs, step.used_blocks, len(self.running),
+                     len(self.waiting), step.num_preempted, sampled, step.transfer_s, busy,
+                     sum(shape.verify_new) - len(shape.verify_new))
 
     def complete(self, request: Request, now: float) -> None:
         """A request reached ``stop_at`` output tokens at ``now`` (the fast-forward's entry to the same path
@@ -930,10 +1014,11 @@ class Instance:
                         if sampled:
                             r.token_ready_at = step.end
             if not in_flight:
-                if not self.running and (not (self.waiting or self.kv_holding) or self._loads_in_flight
-                                         or self.num_pinned_blocks):  # reads or freed pins wake it up
+                if self.waits_for_events():
                     self.wakeup_event = env.event()
                     yield self.wakeup_event
+                    continue
+                if self.skip_to_eligible_step():
                     continue
                 self.resolve_stall()
                 continue

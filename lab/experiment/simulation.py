@@ -33,7 +33,7 @@ from lab.core.kv_cache import KVCacheManager
 from lab.core.kv_offload import KVOffloader, cpu_tier_blocks
 from lab.core.samples import WeightedSamples
 from lab.core.request import Request, RequestStatus
-from lab.core.sched_api import SchedulerConfig
+from lab.core.sched_api import EngineStall, SchedulerConfig
 from lab.workload import loaders, synthetic
 from lab.workload.closed_loop import ClosedLoopClients, warmup_copies, SessionClients
 from policies import make_router, make_scheduler
@@ -504,7 +504,7 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         raise
     if clients and isinstance(clients[0], SessionClients):
         clients[0].mark_unsent()
-    _mark_unfinished(reqs, run.horizon)
+    _mark_unfinished(reqs, run.horizon, float(env.now))
     return SimResult(exp, pools[0][2], reqs, instances, itl, float(env.now), time.perf_counter() - t0,
                      pools=[(cfg.name if cfg is not None else "", dep) for cfg, _, dep in pools], groups=groups,
                      cluster=cluster, spill_folder=run.spill_folder)
@@ -779,15 +779,25 @@ def _collecting_rarely():
         gc.set_threshold(*thresholds)
 
 
-def _mark_unfinished(reqs: list[Request], horizon: float | None) -> None:
-    """Give every request that neither finished nor was rejected its reason."""
-    for r in reqs:
-        if r.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED):
-            if r.reason:
-                continue
-            if r.status == RequestStatus.RUNNING:
-                r.reason = "still running at the horizon"
-            elif horizon and r.arrival_time >= horizon:
-                r.reason = "arrives after the horizon"
-            else:
-                r.reason = "still waiting at the horizon"
+def _mark_unfinished(reqs: list[Request], horizon: float | None, end: float) -> None:
+    """Give every request that neither finished nor was rejected its reason: it runs, waits or arrives after the
+    horizon.
+
+    Raises:
+        EngineStall: the run ran out of events (no horizon, or before it, at ``end`` seconds) with such requests
+            left: they would wait for ever, which is an engine or policy defect, not a result.
+    """
+    stuck = [r for r in reqs if r.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED) and not r.reason]
+    if stuck and (horizon is None or end < horizon):
+        where = "; ".join(f"request {r.request_id} {r.status.name.lower()} on instance {r.instance_id}"
+                          for r in stuck[:3])
+        raise EngineStall(f"the run ran out of events at t = {end:.6f} s with {len(stuck)} request(s) neither "
+                          f"finished nor rejected ({where}{'; ...' if len(stuck) > 3 else ''}): a mechanism waits "
+                          "for an event that never comes")
+    for r in stuck:
+        if r.status == RequestStatus.RUNNING:
+            r.reason = "still running at the horizon"
+        elif horizon and r.arrival_time >= horizon:
+            r.reason = "arrives after the horizon"
+        else:
+            r.reason = "still waiting at the horizon"
