@@ -85,6 +85,23 @@ def test_warm_up_requests_are_extra_copies_of_the_first_request_as_vllm_bench_se
     assert sum(i["num_requests"] for i in summary["instances"]) == 10  # per instance, warm-ups excluded too
 
 
+def test_warm_up_copies_accept_drafts_at_the_workloads_per_request_rate():
+    # per-request acceptance 0: no request accepts a draft, the warm-up copies of the first one included
+    exp = parse_experiment({"name": "w", "workload": {"source": "synthetic", "num_requests": 3, "concurrency": 2,
+                                                       "num_warmup": 2,
+                                                       "prompt_tokens": {"kind": "constant", "value": 64},
+                                                       "output_tokens": {"kind": "constant", "value": 16}},
+                            "model": {"name": "Llama-3.1-8B"}, "simulation": {"progress": False},
+                            "speculative": {"method": "eagle", "num_speculative_tokens": 2,
+                                            "acceptance": {"kind": "per_request",
+                                                           "distribution": {"kind": "constant", "value": 0.0}}}})
+    res = simulate(exp)
+    warm = [r for r in res.requests if r.warmup]
+    assert len(warm) == 2 and all(r.acceptance_rate == 0.0 for r in res.requests)
+    assert all(r.num_draft_tokens > 0 and r.num_accepted_tokens == 0 for r in res.requests)
+    assert sum(i.acceptance.num_accepted_tokens for i in res.instances) == 0
+
+
 def test_a_vllm_bench_result_run_with_max_concurrency_is_replayed_closed_loop(tmp_path):
     path = tmp_path / "bench.json"
     path.write_text(json.dumps({"input_lens": [100] * 6, "output_lens": [10] * 6, "request_rate": "inf",

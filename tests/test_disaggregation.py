@@ -114,6 +114,25 @@ def test_a_lease_that_expires_before_d_can_read_makes_d_recompute():
     assert bool(df["kv_recomputed"].iloc[1]) and not bool(df["kv_recomputed"].iloc[0])
 
 
+def test_a_request_rejected_on_d_has_its_rejection_on_d_in_the_event_log():
+    from lab.report.run_report import events_frame
+
+    # D holds 39 blocks, fewer than a 1,000-token prompt needs: P serves both requests, D rejects them
+    res = simulate(_pd(workload={"source": "synthetic", "num_requests": 2, "rate": 1.0,
+                                 "prompt_tokens": {"kind": "constant", "value": 1000},
+                                 "output_tokens": {"kind": "constant", "value": 20}},
+                       deployment={"mode": "disaggregated", "prefill": {"count": 1},
+                                   "decode": {"count": 1, "engine": {"num_gpu_blocks": 40}}},
+                       simulation={"progress": False, "record_events": True}))
+    assert all(q.reason.startswith("needs 64 KV blocks") and q.served_by == [0, 1] for q in res.requests)
+    ev = events_frame(res)
+    for _, g in ev.groupby("request_id"):
+        where = dict(zip(g["event"], g["instance"]))
+        assert list(g["event"]) == ["arrived", "scheduled", "first_token", "handed_off", "rejected"]
+        assert (where["arrived"], where["handed_off"], where["rejected"]) == (0, 0, 1)
+    assert res.instances[0].num_pinned_blocks == 0
+
+
 def test_mtp_drafter_kv_is_sent_unless_switched_off():
     ds = {"name": "DeepSeek-V3", "dtype": "fp8", "kv_cache_dtype": "bf16"}
     hw = {"gpu": "H200-SXM-141GB", "tensor_parallel_size": 8}

@@ -254,6 +254,24 @@ def test_every_method_runs_to_completion_with_the_invariants(method, extra):
     assert sum(i.acceptance.num_drafts for i in res.instances) > 0
 
 
+def test_the_step_log_counts_verify_steps_as_decodes_with_their_drafts_apart():
+    from lab.report.run_report import steps_frame
+
+    # two 64-token prompts 1 ms apart, k = 2, nothing accepted: step 1 prefills the first; step 2 prefills the
+    # second beside the first's verify (1 + 2 tokens); then both verify, 1 + 2 tokens each, until the end
+    res = simulate(_exp(workload={"source": "synthetic", "num_requests": 2, "rate": 1000.0,
+                                  "prompt_tokens": {"kind": "constant", "value": 64},
+                                  "output_tokens": {"kind": "constant", "value": 8}},
+                        speculative={"method": "eagle", "num_speculative_tokens": 2,
+                                     "acceptance": {"kind": "iid", "rate": 0.0}}))
+    st = steps_frame(res)
+    rows = list(zip(st.scheduled_tokens, st.prefill_tokens, st.decode_requests, st.spec_tokens))
+    assert rows[:4] == [(64, 64, 0, 0), (3, 0, 1, 2), (67, 64, 1, 2), (6, 0, 2, 4)]
+    assert (st.scheduled_tokens == st.prefill_tokens + st.decode_requests + st.spec_tokens).all()
+    assert st.prefill_tokens.sum() == 128 and st.spec_tokens.sum() == sum(r.num_draft_tokens for r in res.requests)
+    assert str(st.spec_tokens.dtype) == "int64"
+
+
 def test_sglang_verifies_drafts_in_its_decode_batches():
     res = simulate(_exp(policy="sglang", speculative={"method": "eagle3", "num_speculative_tokens": 2}))
     assert all(r.num_output_tokens == 64 for r in res.requests)

@@ -11,18 +11,20 @@ import tempfile
 import numpy as np
 
 STEP_COLUMNS = (
-    "instance", "start", "duration", "scheduled_tokens", "prefill_tokens", "decode_requests", "batch_size",
-    "kv_blocks_used", "kv_usage", "num_running", "num_waiting", "num_preempted", "output_tokens", "transfer_s",
-    "micro_batch", "stage_s",
+    "instance", "start", "duration", "scheduled_tokens", "prefill_tokens", "decode_requests", "spec_tokens",
+    "batch_size", "kv_blocks_used", "kv_usage", "num_running", "num_waiting", "num_preempted", "output_tokens",
+    "transfer_s", "micro_batch", "stage_s",
 )
+# A step's tokens: scheduled_tokens = prefill_tokens (prompt chunks and recomputed prompts) + decode_requests (one
+# token each: plain decodes and speculative verify queries alike) + spec_tokens (the draft tokens those verify).
 # what a StepLog stores per row; "instance" and "kv_usage" (= kv_blocks_used / usable blocks) are added when read
 LOGGED_COLUMNS = tuple(c for c in STEP_COLUMNS if c not in ("instance", "kv_usage"))
 
-# Rows an instance's log holds in memory at most (plus the rows of one fast-forward jump): 14 float64 columns,
-# about 7.3 MB per instance, whatever the length of the run.
+# Rows an instance's log holds in memory at most (plus the rows of one fast-forward jump): 15 float64 columns,
+# about 7.9 MB per instance, whatever the length of the run.
 ROW_BUDGET = 1 << 16
 # Rows a whole run's full logs hold in memory at most, shared by its instances (each holds at least ROW_BUDGET):
-# about 117 MB. A run that fits never spills, so it never loads pyarrow (~0.5 s and ~80 MB of the process).
+# about 126 MB. A run that fits never spills, so it never loads pyarrow (~0.5 s and ~80 MB of the process).
 RUN_ROW_BUDGET = 1 << 20
 # A summarized log folds its rows into the totals this often (the rows are needed for nothing else).
 SUMMARY_ROWS = 1 << 12
@@ -184,12 +186,14 @@ class StepLogSummarized(ValueError):
 class StepLog:
     """Per-step records of one instance.
 
-    Rows hold ``start, duration, scheduled_tokens, prefill_tokens, decode_requests, batch_size, kv_blocks_used,
-    num_running, num_waiting, num_preempted, output_tokens, transfer_s, micro_batch, stage_s`` (seconds, tokens,
-    counts); :meth:`frames` adds ``instance`` and ``kv_usage``. ``duration`` runs from the step's first stage start
-    to its last stage end; ``stage_s`` is its longest pipeline stage (the whole step without PP); ``micro_batch``
-    is the step's slot in the in-flight window under pipeline parallelism (its sequence number modulo
-    ``max_concurrent_batches``; 0 without PP, ``num_slots`` = 1).
+    Rows hold ``start, duration, scheduled_tokens, prefill_tokens, decode_requests, spec_tokens, batch_size,
+    kv_blocks_used, num_running, num_waiting, num_preempted, output_tokens, transfer_s, micro_batch, stage_s``
+    (seconds, tokens, counts); :meth:`frames` adds ``instance`` and ``kv_usage``. ``decode_requests`` counts every
+    request computing one token of its output, speculative verify queries included, and ``spec_tokens`` the draft
+    tokens they verify, so ``scheduled_tokens = prefill_tokens + decode_requests + spec_tokens``. ``duration``
+    runs from the step's first stage start to its last stage end; ``stage_s`` is its longest pipeline stage (the
+    whole step without PP); ``micro_batch`` is the step's slot in the in-flight window under pipeline parallelism
+    (its sequence number modulo ``max_concurrent_batches``; 0 without PP, ``num_slots`` = 1).
 
     Memory is bounded by rows held, not by the run's length: once ``chunk_rows`` rows are held (checked before each
     append), all but the last (which an arrival may still update, :meth:`add_waiting`) are folded into
@@ -225,12 +229,13 @@ class StepLog:
 
     def append(self, start: float, duration: float, scheduled: int, prefill: int, decodes: int, batch: int,
                used: int, running: int, waiting: int, preempted: int, output: int, transfer_s: float,
-               stage_s: float) -> None:
-        """Append one step's row (its ``micro_batch`` slot follows from the row count)."""
+               stage_s: float, spec: int = 0) -> None:
+        """Append one step's row (its ``micro_batch`` slot follows from the row count); ``spec``: the draft tokens
+        the step's verify queries score (speculative decoding), beside their one token each in ``decodes``."""
         slots = self.num_slots
         slot = 0 if slots == 1 else len(self) % slots
-        self._tail.append([start, duration, scheduled, prefill, decodes, batch, used, running, waiting, preempted,
-                           output, transfer_s, slot, stage_s])
+        self._tail.append([start, duration, scheduled, prefill, decodes, spec, batch, used, running, waiting,
+                           preempted, output, transfer_s, slot, stage_s])
         self._held_rows += 1
         if len(self._tail) >= TAIL_ROWS:
             self._seal_tail()
@@ -256,8 +261,8 @@ class StepLog:
             return
         self._seal_tail()
         block = np.zeros((len(LOGGED_COLUMNS), n))
-        (c_start, c_dur, c_sched, c_pre, c_dec, c_batch, c_used, c_run, c_wait, _c_pree, c_out, _c_xfer, c_slot,
-         c_stage) = block  # (rows of the block, in LOGGED_COLUMNS order; preemptions and transfers stay 0)
+        (c_start, c_dur, c_sched, c_pre, c_dec, _c_spec, c_batch, c_used, c_run, c_wait, _c_pree, c_out, _c_xfer,
+         c_slot, c_stage) = block  # (rows of the block, LOGGED_COLUMNS order; drafts, preemptions, transfers stay 0)
         c_start[:] = start
         c_dur[:] = duration
         c_dec[:] = decodes

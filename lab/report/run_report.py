@@ -27,8 +27,8 @@ from lab.experiment.speculative import acceptance_rates
 from lab.experiment.simulation import SimResult
 
 
-_INT_COLS = ("instance", "scheduled_tokens", "prefill_tokens", "decode_requests", "batch_size", "kv_blocks_used",
-             "num_running", "num_waiting", "num_preempted", "output_tokens")
+_INT_COLS = ("instance", "scheduled_tokens", "prefill_tokens", "decode_requests", "spec_tokens", "batch_size",
+             "kv_blocks_used", "num_running", "num_waiting", "num_preempted", "output_tokens")
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
@@ -77,17 +77,21 @@ STREAM_STEPS_ABOVE = 2_000_000
 def events_frame(result: SimResult) -> pd.DataFrame:
     """One row per lifecycle event of every request (arrived, scheduled, preempted, resumed, first_token,
     finished, rejected), when the run recorded them: request_id, instance, time, event and detail (why: the
-    preemption cause and mode, swap-in or recompute with its prefix hit, ...)."""
+    preemption cause and mode, swap-in or recompute with its prefix hit, ...).
+
+    The instance is where the event happened: a request's stays follow ``served_by``, and each stay but the last
+    ends with its "handed_off" event, the last one its instance records (the next instance's first may be
+    "received" or, when that instance can never hold the request, "rejected")."""
     rows = []
     for r in result.requests:
         if not r.events:
             continue
         served = r.served_by or [r.instance_id]
-        hop = 0  # a "received" event starts the request's stay on the next instance that served it
+        hop = 0
         for e in r.events:
-            if e[1] == "received" and hop + 1 < len(served):
-                hop += 1
             rows.append((r.request_id, served[hop], e[0], e[1], e[2] if len(e) > 2 else ""))
+            if e[1] == "handed_off" and hop + 1 < len(served):
+                hop += 1  # what follows happens on the next instance that served it
     return pd.DataFrame.from_records(rows, columns=["request_id", "instance", "time", "event", "detail"])
 
 

@@ -36,13 +36,18 @@ def warmup_copies(first: Request, num_warmup: int, start_index: int) -> list[Req
             of requests, so indices stay unique and non-negative).
 
     Returns:
-        N requests with ids ``warmup-0`` .. ``warmup-{N-1}``.
+        N requests with ids ``warmup-0`` .. ``warmup-{N-1}``; each accepts drafts at the first request's own rate
+        (``acceptance_rate``: speculative decoding with ``per_request`` acceptance, set on the workload before the
+        copies are made), as the same text would.
     """
-    return [Request(start_index + k, first.arrival_time, first.prompt_len, first.max_tokens, first.priority,
-                    request_id=f"warmup-{k}", prompt_token_ids=first.prompt_token_ids,
-                    output_token_ids=first.output_token_ids, hash_ids=first.hash_ids,
-                    hash_block_size=first.hash_block_size, session_id=first.session_id)
-            for k in range(num_warmup)]
+    copies = [Request(start_index + k, first.arrival_time, first.prompt_len, first.max_tokens, first.priority,
+                      request_id=f"warmup-{k}", prompt_token_ids=first.prompt_token_ids,
+                      output_token_ids=first.output_token_ids, hash_ids=first.hash_ids,
+                      hash_block_size=first.hash_block_size, session_id=first.session_id)
+              for k in range(num_warmup)]
+    for c in copies:
+        c.acceptance_rate = first.acceptance_rate
+    return copies
 
 
 class ClosedLoopClients:
