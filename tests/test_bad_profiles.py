@@ -4,6 +4,8 @@ ProfileError naming the file, the row and the column; `servelab run` turns a bad
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +13,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
+from lab.costmodel.llmservingsim import LLMServingSimProfileCostModel
+from lab.costmodel.model_arch import load_model
 from lab.costmodel.profiles import ProfileError, read_profiles
 from lab.costmodel.tables import load_tables
+from tests.conftest import DATA_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -391,3 +397,170 @@ def test_servelab_run_on_a_bad_profile_exits_2_with_one_line(tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("error:"), out
     for f in [str(bad), *CASES[case][3]]:
         assert f in lines[0], (f, lines[0])
+
+
+# --- the llmservingsim_profile cost model: real profile folders copied into tmp_path, then spoiled ----------------
+def _lss_dir(gpu: str) -> Path:
+    return DATA_DIR / "validation" / "llmservingsim" / "profiles" / gpu / "meta-llama" / "Llama-3.1-8B" / "bf16"
+
+
+RTX4090 = _lss_dir("RTX4090")          # no skew correction (meta.yaml: skew_fit.enabled false)
+RTXPRO6000 = _lss_dir("RTXPRO6000")    # with skew_fit.csv and its bucket axes in meta.yaml
+needs_lss = pytest.mark.skipif(not (RTX4090.is_dir() and RTXPRO6000.is_dir()),
+                               reason=f"shared data not found: {RTX4090}, {RTXPRO6000}")
+
+
+def lss_copy(tmp_path: Path, src: Path = RTX4090) -> Path:
+    """The ``tp1`` folder of a copy of the real profile folder ``src`` (meta.yaml and the tp1 CSVs)."""
+    dst = tmp_path / "Llama-3.1-8B" / "bf16"
+    (dst / "tp1").mkdir(parents=True)
+    shutil.copyfile(src / "meta.yaml", dst / "meta.yaml")
+    for f in (src / "tp1").glob("*.csv"):
+        shutil.copyfile(f, dst / "tp1" / f.name)
+    return dst / "tp1"
+
+
+def spoil(path: Path, edit) -> None:
+    """Rewrite ``path`` as ``edit(its text)`` (a string, or bytes; an edit may ignore the text)."""
+    new = edit(path.read_text())
+    if isinstance(new, bytes):
+        path.write_bytes(new)
+    else:
+        path.write_text(new)
+
+
+def set_yaml(key_path: list, value) -> object:
+    """An edit of a meta.yaml setting the value at ``key_path``."""
+    def edit(text: str) -> str:
+        data = yaml.safe_load(text)
+        node = data
+        for k in key_path[:-1]:
+            node = node[k]
+        node[key_path[-1]] = value
+        return yaml.safe_dump(data, sort_keys=False)
+    return edit
+
+
+def duplicate(row: int):
+    """An edit appending a copy of data row ``row`` (1 = the first, file row 2) at the end."""
+    return lambda text: text + text.splitlines()[row] + "\n"
+
+
+def without_layer(name: str):
+    """An edit dropping every row of layer ``name``."""
+    return lambda text: "".join(ln + "\n" for ln in text.splitlines() if not ln.startswith(name + ","))
+
+
+# case: (source folder, file under the copied tp1 folder, edit, fragments the one-line message holds)
+LSS_CASES = {
+    "dense-negative-time": (RTX4090, "dense.csv", lambda t: cell(t, 5, "time_us", "-3.1"),
+                            ["row 6", "time_us", "a number > 0", "-3.1"]),
+    "dense-nan-time": (RTX4090, "dense.csv", lambda t: cell(t, 2, "time_us", "NaN"), ["row 3", "time_us", "> 0"]),
+    "dense-infinite-time": (RTX4090, "dense.csv", lambda t: cell(t, 7, "time_us", "inf"), ["row 8", "time_us"]),
+    "dense-zero-time": (RTX4090, "dense.csv", lambda t: cell(t, 1, "time_us", "0"), ["row 2", "time_us", "> 0"]),
+    "dense-non-numeric-time": (RTX4090, "dense.csv", lambda t: cell(t, 3, "time_us", "fast"),
+                               ["row 4", "time_us", "'fast'"]),
+    "dense-missing-time": (RTX4090, "dense.csv", lambda t: cell(t, 4, "time_us", ""), ["row 5", "time_us"]),
+    "dense-fractional-tokens": (RTX4090, "dense.csv", lambda t: cell(t, 1, "tokens", "1.5"),
+                                ["row 2", "tokens", "an integer >= 1"]),
+    "dense-zero-tokens": (RTX4090, "dense.csv", lambda t: cell(t, 2, "tokens", "0"), ["row 3", "tokens", ">= 1"]),
+    "dense-empty-layer": (RTX4090, "dense.csv", lambda t: cell(t, 2, "layer", ""), ["row 3", "layer"]),
+    "dense-duplicate-point": (RTX4090, "dense.csv", duplicate(1),
+                              ["row 1370", "layer=act_fn, tokens=1 repeats row 2", "one row per (layer, tokens)"]),
+    "dense-missing-column": (RTX4090, "dense.csv", lambda t: drop(t, "time_us"), ["missing column", "'time_us'"]),
+    "dense-empty-file": (RTX4090, "dense.csv", lambda t: "", ["the file is empty"]),
+    "dense-header-only": (RTX4090, "dense.csv", header_only, ["no measurements", "header"]),
+    "dense-non-utf8": (RTX4090, "dense.csv", lambda t: t.encode() + b"act_fn,\xff,1\n", ["UTF-8", "0xff"]),
+    "attention-header-only": (RTX4090, "attention.csv", header_only, ["no measurements", "header"]),
+    "attention-negative-time": (RTX4090, "attention.csv", lambda t: cell(t, 2, "time_us", "-9.3"),
+                                ["row 3", "time_us", "> 0", "-9.3"]),
+    "attention-nan-time": (RTX4090, "attention.csv", lambda t: cell(t, 10, "time_us", "nan"), ["row 11", "time_us"]),
+    "attention-text-count": (RTX4090, "attention.csv", lambda t: cell(t, 2, "n_decode", "x"),
+                             ["row 3", "n_decode", "'x'"]),
+    "attention-negative-kv": (RTX4090, "attention.csv", lambda t: cell(t, 3, "kv_decode", "-16"),
+                              ["row 4", "kv_decode", "an integer >= 0"]),
+    "attention-duplicate-point": (RTX4090, "attention.csv", duplicate(1),
+                                  ["row 8645", "prefill_chunk=0, kv_prefill=0, n_decode=1, kv_decode=16 repeats row 2"]),
+    "attention-missing-column": (RTX4090, "attention.csv", lambda t: drop(t, "kv_prefill"),
+                                 ["missing column", "'kv_prefill'"]),
+    "per-sequence-zero-sequences": (RTX4090, "per_sequence.csv", lambda t: cell(t, 1, "sequences", "0"),
+                                    ["row 2", "sequences", ">= 1"]),
+    "per-sequence-negative-time": (RTX4090, "per_sequence.csv", lambda t: cell(t, 3, "time_us", "-1"),
+                                   ["row 4", "time_us", "> 0"]),
+    "per-sequence-no-sampler": (RTX4090, "per_sequence.csv", without_layer("sampler"),
+                                ["no rows for layer 'sampler'"]),
+    "skew-nan-alpha": (RTXPRO6000, "skew_fit.csv", lambda t: cell(t, 2, "alpha", "nan"),
+                       ["row 3", "alpha", "a finite number"]),
+    "skew-empty-label": (RTXPRO6000, "skew_fit.csv", lambda t: cell(t, 1, "n_label", ""), ["row 2", "n_label"]),
+    "skew-duplicate-bucket": (RTXPRO6000, "skew_fit.csv", duplicate(1),
+                              ["row 3984", "pc=0, n_label=", "repeats row 2"]),
+    "meta-bins-not-increasing": (RTXPRO6000, "../meta.yaml",
+                                 set_yaml(["skew_fit", "bucket_axes", "n_bins"],
+                                          [0, 2, 8, 4, 16, 32, 64, 128, 256, 10**6]),
+                                 ["skew_fit.bucket_axes.n_bins[3]", "increasing order", "got 4 after 8"]),
+    "meta-labels-one-short": (RTXPRO6000, "../meta.yaml",
+                              set_yaml(["skew_fit", "bucket_axes", "kp_labels"], ["kp=0", "kp>0"]),
+                              ["skew_fit.bucket_axes.kp_labels", "expected 7 labels"]),
+    "meta-text-alpha-default": (RTXPRO6000, "../meta.yaml",
+                                set_yaml(["skew_fit", "per_tp", 1, "alpha_default"], "high"),
+                                ["skew_fit.per_tp.1.alpha_default", "a finite number", "'high'"]),
+    "meta-invalid-yaml": (RTXPRO6000, "../meta.yaml", lambda t: t + "skew_fit: [x\n", ["not valid YAML"]),
+}
+
+
+def lss_case(tmp_path: Path, case: str) -> tuple[Path, Path]:
+    """(the copied tp1 folder, the spoiled file) of an LLMServingSim cost-model case."""
+    src, rel, edit, _ = LSS_CASES[case]
+    folder = lss_copy(tmp_path, src)
+    bad = Path(os.path.normpath(folder / rel))
+    spoil(bad, edit)
+    return folder, bad
+
+
+@needs_lss
+def test_the_copied_real_profiles_load(tmp_path):
+    """The unspoiled copies load and price a step: the cases below fail only for the edit they make."""
+    from lab.core.batch import BatchShape
+
+    for i, src in enumerate((RTX4090, RTXPRO6000)):
+        cm = LLMServingSimProfileCostModel(lss_copy(tmp_path / str(i), src), load_model("Llama-3.1-8B"))
+        shape = BatchShape(num_tokens=9, num_seqs=2, prefill_new=[8], prefill_context=[0], decode_context=[100],
+                           num_decodes=1, decode_sum=100, decode_max=100, decode_min=100)
+        assert 0 < cm.step_time(shape) < 1
+
+
+@needs_lss
+@pytest.mark.parametrize("case", list(LSS_CASES))
+def test_llmservingsim_cost_model_rejects_a_bad_table_with_one_line(tmp_path, case):
+    folder, bad = lss_case(tmp_path, case)
+    with pytest.raises(ProfileError) as e:
+        LLMServingSimProfileCostModel(folder, load_model("Llama-3.1-8B"))
+    assert_one_line(e.value, bad, LSS_CASES[case][3])
+
+
+LSS_EXPERIMENT = """name: bad_llmservingsim_profile
+workload: {{source: synthetic, num_requests: 4, rate: 1.0}}
+model: {{name: Llama-3.1-8B}}
+hardware: {{gpu: RTX4090}}
+cost_model: {{kind: llmservingsim_profile, profile_dir: "{profile_dir}"}}
+simulation: {{progress: false}}
+"""
+
+
+@needs_lss
+@pytest.mark.parametrize("case", ["dense-negative-time", "dense-nan-time", "attention-header-only",
+                                  "dense-empty-file", "dense-non-numeric-time"])
+def test_servelab_run_on_a_bad_llmservingsim_profile_exits_2_with_one_line(tmp_path, case):
+    folder, bad = lss_case(tmp_path, case)
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(LSS_EXPERIMENT.format(profile_dir=folder))
+    res = subprocess.run([sys.executable, "-m", "lab", "run", str(exp), "--out", str(tmp_path / "out"), "-q",
+                          "--no-plots"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2, out
+    assert "Traceback" not in out, out
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), out
+    for f in [str(bad), *LSS_CASES[case][3]]:
+        assert f in lines[0], (f, lines[0])
+    assert not (tmp_path / "out" / "requests.csv").exists()

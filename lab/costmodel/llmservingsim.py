@@ -17,15 +17,16 @@ unequal KV lengths: t = t(kvd_mean) + α·(t(kvd_max) − t(kvd_mean)), α looke
 from __future__ import annotations
 
 import bisect
+import math
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from lab.core.batch import BatchShape
 from lab.costmodel import comm
 from lab.costmodel.base import CostModelBase
 from lab.costmodel.model_arch import ModelArch
+from lab.costmodel.profiles import ProfileError, read_checked_csv, read_yaml_mapping, reject_duplicates
 
 _US = 1e-6
 
@@ -51,14 +52,27 @@ def _interp(xs: list[float], ys: list[float], x: float) -> float:
     return ys[lo] + t * (ys[hi] - ys[lo])
 
 
+_ATTN_KEYS = ["prefill_chunk", "kv_prefill", "n_decode", "kv_decode"]
+
+
+def _read_table(path: Path, spec: dict[str, str], keys: list[str]) -> pd.DataFrame:
+    """A profile table with every ``spec`` value checked (profiles.py kinds: times finite and > 0, token and
+    sequence counts integers) and one row per ``keys`` point: the lookups sort each axis and interpolate, so two
+    times for one point would be ambiguous.
+
+    Raises:
+        ProfileError: one line naming the file, the row (file line), the column and what was expected.
+    """
+    df = read_checked_csv(path, spec)
+    reject_duplicates(path, df, keys)
+    return df
+
+
 class _AttentionTable:
     """The 4-D attention grid: slices keyed by (prefill_chunk, n_decode), each a (kv_prefill x kv_decode) grid."""
 
-    def __init__(self, df: pd.DataFrame, where: str) -> None:
-        need = {"prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"}
-        missing = need - set(df.columns)
-        if missing:
-            raise ValueError(f"{where}: missing columns {sorted(missing)}; expected {sorted(need)}")
+    def __init__(self, path: Path) -> None:
+        df = _read_table(path, {**dict.fromkeys(_ATTN_KEYS, "int0"), "time_us": "pos"}, _ATTN_KEYS)
         self.slices: dict[tuple[int, int], tuple[list[int], list[tuple[list[int], list[float]]]]] = {}
         for (pc, nd), g in df.groupby(["prefill_chunk", "n_decode"]):
             rows = []
@@ -109,6 +123,56 @@ _DEFAULT_SKEW_AXES = {
 }
 
 
+_SKEW_LABELS = ["n_label", "skew_rate_label", "kv_big_label", "kp_label"]
+
+
+def _finite(v: object, where: str) -> float:
+    """``v`` as a float, or :class:`ProfileError` at ``where`` when it is not a finite number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ProfileError(f"{where}: expected a finite number, got {v!r}")
+    return float(v)
+
+
+def _section(path: Path, parent: dict, key: object, where: str) -> dict:
+    """``parent[key]`` as a mapping ({} when absent or null), or :class:`ProfileError` naming ``where.key``."""
+    value = parent.get(key) or {}
+    if not isinstance(value, dict):
+        raise ProfileError(f"{path}: {where}.{key}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _meta_section(meta_path: Path, key: str) -> dict:
+    """The ``key`` mapping of a profile's ``meta.yaml`` ({} when the file or the key is absent)."""
+    if not meta_path.is_file():
+        return {}
+    value = read_yaml_mapping(meta_path).get(key) or {}
+    if not isinstance(value, dict):
+        raise ProfileError(f"{meta_path}: {key}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _skew_axes(meta_path: Path, fit: dict) -> dict:
+    """Bucket edges and labels of the skew correction: the defaults, overridden by ``skew_fit.bucket_axes``. Each
+    ``*_bins`` must be strictly increasing finite numbers (buckets are found by scanning upwards) and each
+    ``*_labels`` one label per bucket."""
+    axes = dict(_DEFAULT_SKEW_AXES)
+    axes.update({k: v for k, v in _section(meta_path, fit, "bucket_axes", "skew_fit").items() if k in axes})
+    for axis in ("n", "skew_rate", "kv_big", "kp"):
+        where = f"{meta_path}: skew_fit.bucket_axes.{axis}"
+        bins, labels = axes[f"{axis}_bins"], axes[f"{axis}_labels"]
+        if not isinstance(bins, list) or len(bins) < 2:
+            raise ProfileError(f"{where}_bins: expected a list of at least 2 bucket edges, got {bins!r}")
+        edges = [_finite(b, f"{where}_bins[{i}]") for i, b in enumerate(bins)]
+        for i in range(1, len(edges)):
+            if edges[i] <= edges[i - 1]:
+                raise ProfileError(f"{where}_bins[{i}]: expected edges in increasing order, got {bins[i]!r} after "
+                                   f"{bins[i - 1]!r}")
+        if not isinstance(labels, list) or len(labels) != len(bins) - 1:
+            raise ProfileError(f"{where}_labels: expected {len(bins) - 1} labels (one per bucket of {axis}_bins), "
+                               f"got {labels!r}")
+    return axes
+
+
 def _label(bins: list[float], labels: list[str], v: float) -> str:
     for i, lab in enumerate(labels):
         if v <= bins[i + 1]:
@@ -129,7 +193,9 @@ class LLMServingSimProfileCostModel(CostModelBase):
 
     Raises:
         FileNotFoundError: a required CSV is missing (the message names it).
-        ValueError: a CSV lacks a required column.
+        ProfileError: a bad table or ``../meta.yaml``: an empty or header-only file, a missing column, a missing,
+            non-numeric, non-finite or non-positive time, a non-integer count, or a point measured twice (one
+            line naming the file, the row and the column).
     """
 
     name = "llmservingsim_profile"
@@ -146,14 +212,16 @@ class LLMServingSimProfileCostModel(CostModelBase):
         self.link = link or comm.LINKS["pcie5_no_p2p"]
         self.dense = self._read_1d(d / "dense.csv", "layer", "tokens")
         self.per_seq = self._read_1d(d / "per_sequence.csv", "layer", "sequences")
-        self.attn = _AttentionTable(pd.read_csv(d / "attention.csv"), str(d / "attention.csv"))
+        self.attn = _AttentionTable(d / "attention.csv")
         for name in ("lm_head", "sampler"):
             if name not in self.per_seq:
-                raise ValueError(f"{d / 'per_sequence.csv'}: no rows for layer {name!r}")
+                raise ProfileError(f"{d / 'per_sequence.csv'}: no rows for layer {name!r}; expected lm_head and "
+                                   "sampler rows")
         self.layer_names = [n for n in self.dense if n not in ("embedding", "final_layernorm")]
         self.moe = None
         if model.is_moe and (d / "moe.csv").is_file():
-            self.moe = pd.read_csv(d / "moe.csv")
+            self.moe = _read_table(d / "moe.csv", {"tokens": "int1", "activated_experts": "pos", "time_us": "pos"},
+                                   ["tokens", "activated_experts"])
             self.layer_names = [n for n in self.layer_names if n not in ("gate_up_proj", "act_fn", "down_proj")]
         self.skew: dict[str, float] = {}
         self.skew_default = 0.0
@@ -165,26 +233,23 @@ class LLMServingSimProfileCostModel(CostModelBase):
     def _load_skew(self, d: Path) -> None:
         """Read the per-bucket α table, its bucket edges and the pooled default from ``../meta.yaml``."""
         meta_path = d.parent / "meta.yaml"
-        fit = {}
-        if meta_path.is_file():
-            fit = (yaml.safe_load(meta_path.read_text()) or {}).get("skew_fit") or {}
-            if not fit.get("enabled", True):
-                return
-        axes = dict(_DEFAULT_SKEW_AXES)
-        axes.update({k: v for k, v in (fit.get("bucket_axes") or {}).items() if k in axes})
-        self.skew_axes = axes
-        per_tp = fit.get("per_tp") or {}
-        entry = per_tp.get(self.tp) or per_tp.get(str(self.tp)) or {}
-        self.skew_default = float(entry.get("alpha_default", 0.0))
-        for r in pd.read_csv(d / "skew_fit.csv").itertuples():
+        fit = _meta_section(meta_path, "skew_fit")
+        if not fit.get("enabled", True):
+            return
+        self.skew_axes = _skew_axes(meta_path, fit)
+        per_tp = _section(meta_path, fit, "per_tp", "skew_fit")
+        key = self.tp if self.tp in per_tp else str(self.tp)
+        entry = _section(meta_path, per_tp, key, "skew_fit.per_tp")
+        where = f"{meta_path}: skew_fit.per_tp.{key}.alpha_default"
+        self.skew_default = _finite(entry.get("alpha_default", 0.0), where)
+        spec = {"pc": "int0", **dict.fromkeys(_SKEW_LABELS, "text"), "alpha": "num"}
+        for r in _read_table(d / "skew_fit.csv", spec, ["pc", *_SKEW_LABELS]).itertuples():
             self.skew[f"{int(r.pc)}|{r.n_label}|{r.skew_rate_label}|{r.kv_big_label}|{r.kp_label}"] = float(r.alpha)
 
     @staticmethod
     def _read_1d(path: Path, key: str, x: str) -> dict[str, tuple[list[float], list[float]]]:
-        df = pd.read_csv(path)
-        need = {key, x, "time_us"}
-        if not need <= set(df.columns):
-            raise ValueError(f"{path}: missing columns {sorted(need - set(df.columns))}; expected {sorted(need)}")
+        """``{name: (sorted x values, times in µs)}`` of a (name, count, time) table, every value checked."""
+        df = _read_table(path, {key: "text", x: "int1", "time_us": "pos"}, [key, x])
         out = {}
         for name, g in df.groupby(key):
             g = g.sort_values(x)

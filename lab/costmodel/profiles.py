@@ -76,8 +76,8 @@ class ProfileError(ValueError):
 
 # ------------------------------------------------------------------------------------------------ checked reading
 # Column kinds: what a value must be. Numbers are finite; "flag" is True/False.
-_NEED = {"int0": "an integer >= 0", "int1": "an integer >= 1", "pos": "a number > 0", "text": "a non-empty string",
-         "flag": "True or False"}
+_NEED = {"int0": "an integer >= 0", "int1": "an integer >= 1", "pos": "a number > 0", "num": "a finite number",
+         "text": "a non-empty string", "flag": "True or False"}
 _FLAGS = {True: True, False: False, "True": True, "False": False, "true": True, "false": False, "TRUE": True,
           "FALSE": False}
 
@@ -96,8 +96,10 @@ def _valid(s: pd.Series, kind: str) -> tuple[pd.Series, np.ndarray]:
     a = (np.full(len(s), np.nan) if pd.api.types.is_bool_dtype(s)
          else pd.to_numeric(s, errors="coerce").to_numpy(dtype=float))
     with np.errstate(invalid="ignore"):
-        ok = np.isfinite(a) & ((a > 0) if kind in ("pos", "int1") else (a >= 0))
-        if kind != "pos":
+        ok = np.isfinite(a)
+        if kind != "num":
+            ok &= (a > 0) if kind in ("pos", "int1") else (a >= 0)
+        if kind not in ("pos", "num"):
             ok &= a == np.floor(a)
     return pd.Series(a, index=s.index), ok
 
@@ -162,6 +164,45 @@ def _read_csv(path: Path, spec: dict[str, str]) -> pd.DataFrame:
     if df.empty:
         raise ProfileError(f"{path}: no measurements (only a header row); expected one row per measurement")
     return _checked(path, df, spec)
+
+
+def read_checked_csv(path: Path, spec: dict[str, str]) -> pd.DataFrame:
+    """A measured CSV table whose ``spec`` columns (name -> kind: ``int0``, ``int1``, ``pos``, ``num``, ``text``,
+    ``flag``) are checked and converted; the index is the file line number minus 2 (the header is line 1).
+
+    Raises:
+        ProfileError: an empty, header-only, non-UTF-8 or malformed file, a missing column or a bad value, naming
+        the file, the row and the column.
+    """
+    return _read_csv(path, spec)
+
+
+def reject_duplicates(path: Path, df: pd.DataFrame, keys: list[str]) -> None:
+    """Raise :class:`ProfileError` at the first row of ``df`` (read by :func:`read_checked_csv`) that repeats the
+    ``keys`` of an earlier row: a lookup table holds one measurement per point."""
+    dup = df.duplicated(keys, keep="first").to_numpy()
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0])
+        row = df.iloc[i]
+        same = (df[keys] == row[keys]).all(axis=1).to_numpy()
+        first = int(np.flatnonzero(same)[0])
+        point = ", ".join(f"{k}={_plain(row[k])}" for k in keys)
+        raise ProfileError(f"{path}: row {df.index[i] + 2}: {point} repeats row {df.index[first] + 2}; expected "
+                           f"one row per ({', '.join(keys)})")
+
+
+def _plain(v: object) -> object:
+    """A cell for a message: integral floats without their ``.0``."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def read_yaml_mapping(path: Path) -> dict:
+    """A YAML mapping (an empty file is ``{}``).
+
+    Raises:
+        ProfileError: not UTF-8, not valid YAML, or not a mapping (one line naming the file).
+    """
+    return _read_yaml(path)
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
