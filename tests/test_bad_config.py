@@ -87,8 +87,6 @@ AT_BUILD = [
     ({"model.name": "Llama-3.1-70B"}, "does not fit"),
     ({"hardware.pipeline_parallel_size": 40}, "pipeline_parallel_size"),
     ({"speculative": {"method": "mtp", "num_speculative_tokens": 1}}, "has no MTP layers"),
-    ({"engine.async_scheduling": True, "speculative": {"method": "ngram", "num_speculative_tokens": 2}},
-     "async scheduling does not support"),
 ]
 
 

@@ -120,6 +120,8 @@ class _Drafting(SchedulerBase):
 
 
 class _AcceptTwo:
+    num_speculative_tokens = 4
+
     def propose(self, request):
         return 0  # _Drafting schedules its own drafts
 
@@ -155,6 +157,8 @@ def test_a_step_emits_three_tokens_for_one_request_and_one_for_another_with_a_ro
 
 def test_a_draft_count_outside_the_drafts_is_an_error():
     class Bad:
+        num_speculative_tokens = 4
+
         def propose(self, request):
             return 0
 

@@ -86,3 +86,31 @@ def test_a_policy_that_stalls_its_running_requests_is_stopped():
     submit(env, inst, [req(0, 4, 10)])
     with pytest.raises(SchedulerContractError, match="nothing scheduled while 1 request"):
         env.run()
+
+
+class _ChunkThenPreempt(SchedulerBase):
+    """Admits the head with all but one prompt token (a chunk that samples nothing), then preempts it: the
+    request recomputes for ever and no step emits a token."""
+
+    def schedule(self, engine):
+        out = SchedulerOutput()
+        if engine.running:
+            r = engine.running[-1]
+            engine.preempt(r, reason="test")
+            out.preempted.append(r)
+            return out
+        if not engine.waiting:
+            return out
+        r = engine.waiting.pop()
+        engine.admit(r, 0)
+        engine.kv.allocate_slots(r, r.num_tokens - 1)
+        out.add(r, r.num_tokens - 1)
+        return out
+
+
+def test_a_preemption_livelock_is_stopped_with_the_request_named():
+    env, inst, _ = make_engine(scheduler=_ChunkThenPreempt(), max_num_seqs=1, max_model_len=64)
+    submit(env, inst, [req(7, 8, 4)])
+    with pytest.raises(SchedulerContractError, match=r"no token emitted in 10,000 steps .*request 7 was preempted "
+                                                     r"10,000 times since the last token"):
+        env.run()

@@ -236,11 +236,10 @@ def test_methods_aliases_and_refusals():
         build_deployment(_exp(speculative={"method": "mtp", "num_speculative_tokens": 1}))
     with pytest.raises(ConfigError, match="needs 'model'"):
         _exp(speculative={"method": "draft_model", "num_speculative_tokens": 1})
-    with pytest.raises(ValueError, match="does not schedule drafts"):
+    with pytest.raises(ValueError, match="does not support speculative decoding"):
         simulate(_exp(policy="orca", speculative={"method": "eagle", "num_speculative_tokens": 1}))
-    with pytest.raises(ValueError, match="async scheduling does not support"):
-        build_deployment(_exp(engine={"async_scheduling": True},
-                              speculative={"method": "ngram", "num_speculative_tokens": 2}))
+    with pytest.raises(ConfigError, match="async_scheduling: true with speculative.method ngram"):
+        simulate(_exp(engine={"async_scheduling": True}, speculative={"method": "ngram", "num_speculative_tokens": 2}))
     ngram = build_deployment(_exp(speculative={"method": "ngram", "num_speculative_tokens": 2}))
     assert not ngram.engine_options.async_scheduling and ngram.scheduler_config.num_lookahead_tokens == 0
 

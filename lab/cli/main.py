@@ -546,6 +546,26 @@ def policies() -> None:
     console.print("A user policy: policy.scheduler (or cluster.router) = path/to/file.py:ClassName")
 
 
+@app.command()
+def support(experiment: Optional[Path] = typer.Argument(None, help="an experiment file to check (optional)"),
+            data_dir: Optional[Path] = DATA_OPT) -> None:
+    """Print the support matrix (which features compose, which schedulers support which feature) as Markdown, or
+    check one experiment against it (exit 2 with the reason when a combination is refused)."""
+    from lab.experiment.support import markdown_tables, refusals
+    from policies import scheduler_class, scheduler_names
+
+    if experiment is None:
+        print(markdown_tables({n: scheduler_class(n) for n in scheduler_names()}), end="")
+        return
+    exp = _load(experiment, data_dir, None)
+    found = refusals(exp)
+    for line in found:
+        err_console.print(f"{exp.source}: {line}", highlight=False)
+    if found:
+        raise typer.Exit(2)
+    console.print(f"{exp.source}: every feature combination it uses is supported", highlight=False)
+
+
 from lab.cli.costmodel import register as _register_costmodel  # noqa: E402
 
 _register_costmodel(app)

@@ -53,6 +53,9 @@ class LengthSpec(_Strict):
             raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
         if self.kind == "uniform" and self.low > self.high:
             raise ValueError(f"uniform: low ({self.low}) must not exceed high ({self.high})")
+        if self.kind == "constant" and not self.min <= self.value <= self.max:
+            raise ValueError(f"constant: value ({self.value:g}) must lie in [min, max] = [{self.min}, {self.max}] "
+                             "(it would be clamped silently)")
         return self
 
 
@@ -106,6 +109,9 @@ class WorkloadConfig(_Strict):
     def _path_needed(self) -> "WorkloadConfig":
         if self.source not in ("synthetic", "sessions") and not self.path:
             raise ValueError(f"source {self.source!r} needs 'path' (the trace file)")
+        if self.source in ("synthetic", "sessions") and self.path:
+            raise ValueError(f"path: source {self.source!r} generates its requests and reads no file; remove 'path' "
+                             "or name the trace's format in 'source' (azure, mooncake, csv, ...)")
         if self.source == "sessions" and (self.concurrency is not None or self.num_warmup):
             raise ValueError("source 'sessions' is closed-loop per conversation: 'concurrency' and 'num_warmup' do "
                              "not apply (think_time_s does)")
@@ -444,6 +450,9 @@ class SpeculativeConfig(_Strict):
             raise ValueError("method 'draft_model' needs 'model' (a catalog name) or 'hf_config'")
         if self.method != "draft_model" and (self.model or self.hf_config):
             raise ValueError(f"'model' / 'hf_config' name a draft model; method {self.method!r} does not use one")
+        if self.method != "draft_model" and self.draft_tensor_parallel_size is not None:
+            raise ValueError(f"draft_tensor_parallel_size is for method 'draft_model'; the {self.method} drafter "
+                             "runs at the target's tensor_parallel_size")
         if self.model and not self.hf_config:
             load_model(self.model)  # ValueError listing the catalog
         if self.prompt_lookup_min > self.prompt_lookup_max:
@@ -561,7 +570,8 @@ class Experiment(_Strict):
     engine: EngineConfig = EngineConfig()
     policy: PolicyConfig = PolicyConfig()
     cluster: ClusterConfig = ClusterConfig()
-    pools: list[PoolConfig] | None = None
+    pools: list[PoolConfig] | None = Field(None, min_length=1, description="at least one pool; leave it out for "
+                                           "one pool of cluster.num_instances instances")
     deployment: DeploymentConfig = DeploymentConfig()
     cost_model: CostModelConfig = CostModelConfig()
     speculative: SpeculativeConfig | None = None

@@ -17,6 +17,7 @@ from lab.cluster.frontend import FrontEnd, FrontEndCost
 from lab.cluster.transfer import TransferCost
 from lab.cluster.lockstep import LockStepGroup
 from lab.experiment.config import Experiment, pool_experiments
+from lab.experiment.support import check_composition
 from lab.costmodel.base import CostModel
 from lab.costmodel.hardware import Hardware, load_hardware
 from lab.costmodel.kv_capacity import KVCapacity, bytes_per_block, derive_num_gpu_blocks
@@ -293,15 +294,9 @@ def build_deployment(exp: Experiment) -> Deployment:
 
 def _async_scheduling(exp: Experiment, default: bool) -> bool:
     """Async scheduling, unless lock-step DP or n-gram drafting rules it out (vLLM turns it off for spec methods
-    its async path does not support, n-gram among them: shared/specs/vllm-v1-scheduling.md §6).
-
-    Raises:
-        ValueError: ``engine.async_scheduling: true`` with n-gram speculative decoding.
-    """
+    its async path does not support, n-gram among them: shared/specs/vllm-v1-scheduling.md §6; asking for both is
+    refused by lab/experiment/support.py)."""
     ngram = exp.speculative is not None and exp.speculative.method == "ngram"
-    if ngram and exp.engine.async_scheduling:
-        raise ValueError("engine.async_scheduling: vLLM's async scheduling does not support speculative.method "
-                         "ngram; leave it unset or false")
     return default and not lock_step(exp) and not ngram
 
 
@@ -410,10 +405,13 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         record_breakdown: keep each step's cost breakdown (``servelab validate``).
 
     Raises:
+        ConfigError: features that do not compose (lab/experiment/support.py), before anything is built.
         ValueError: a model that does not fit, a bad profile folder, an unknown catalog name.
         lab.core.sched_api.SchedulerContractError: a scheduler broke the contract during the run.
+        lab.core.sched_api.EngineStall: the run ran out of events with requests neither finished nor rejected.
     """
     t0 = time.perf_counter()
+    check_composition(exp, own_requests=requests is not None)
     pools = [(cfg, sub, _build_pool_deployment(cfg, i, sub)) for i, (cfg, sub) in enumerate(pool_experiments(exp))]
     reqs = requests if requests is not None else build_requests(exp)
     horizon = exp.simulation.horizon_s
@@ -680,9 +678,6 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
                             prepend_unhashed=dep.prepend_unhashed,
                             drop_last_hit_block=spec_setup.drops_last_hit_block(exp))
         scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir, exp.policy.options, exp.seed)
-        if exp.speculative is not None and not scheduler.supports_speculation:
-            raise ValueError(f"speculative: scheduler {exp.policy.scheduler!r} does not support speculative decoding "
-                             "(it does not schedule drafts); use vllm_v1, sjf or sglang")
         inst = Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
                         record_events=run.record_events, options=options, pool=pool, start=own_loop,
                         acceptance=spec_setup.make_speculator(exp, dep.model))
@@ -691,7 +686,7 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
             inst.configure_swap(dep.model.kv_bytes_per_token(kv_dtype, exp.hardware.tensor_parallel_size),
                                 dep.hardware.pcie_bandwidth, exp.policy.preemption.swap_space_gb * 2**30)
         if e.kv_offloading_size:  # a CPU tier of the KV cache (vLLM --kv-offloading-size)
-            inst.configure_kv_offload(make_kv_offloader(exp, dep, scheduler))
+            inst.configure_kv_offload(make_kv_offloader(exp, dep))
         if run.summary_steps:
             inst.steps = StepLog(i, dep.num_gpu_blocks - 1, num_slots=inst.steps.num_slots, summary=True)
         elif run.spill_folder is not None:  # each holds at most run.rows_per_log rows; older ones go to its file
@@ -702,26 +697,17 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
     return out
 
 
-def make_kv_offloader(exp: Experiment, dep: Deployment, scheduler) -> KVOffloader:
+def make_kv_offloader(exp: Experiment, dep: Deployment) -> KVOffloader:
     """The CPU tier of one instance for ``engine.kv_offloading_size`` GiB (lab/core/kv_offload.py): capacity from
     the GPU cache's bytes per block on one rank (lab/costmodel/kv_capacity.py ``bytes_per_block``, drafter layers
-    included) times the TP x PP ranks, the catalog's host link (``pcie_gbps``, ``pcie_latency_us``) per GPU.
+    included) times the TP x PP ranks, the catalog's host link (``pcie_gbps``, ``pcie_latency_us``) per GPU. What
+    the tier composes with (swap preemption, disaggregation, schedulers) is decided by lab/experiment/support.py.
 
     Raises:
-        ValueError: naming ``engine.kv_offloading_size``, with swap preemption, with prefill/decode
-            disaggregation, with a scheduler that does not look up the CPU tier, or with a size smaller than one
-            block.
+        ValueError: naming ``engine.kv_offloading_size``, a size smaller than one block.
     """
     e = exp.engine
     field = f"engine.kv_offloading_size ({e.kv_offloading_size} GiB)"
-    if exp.policy.preemption.mode == "swap":
-        raise ValueError(f"{field}: KV offloading is vLLM V1's; it does not combine with policy.preemption.mode "
-                         "swap (V0's swap space); use recompute")
-    if exp.deployment.mode == "disaggregated":
-        raise ValueError(f"{field}: KV offloading with prefill/decode disaggregation is not modelled")
-    if not scheduler.supports_kv_offload:
-        raise ValueError(f"{field}: scheduler {exp.policy.scheduler!r} does not look requests up in the CPU tier; "
-                         "use vllm_v1 or sjf")
     h = exp.hardware
     world = h.tensor_parallel_size * h.pipeline_parallel_size
     cap = dep.derived_kv_capacity or dep.kv_capacity

@@ -106,7 +106,7 @@ def make_experiment_drafter(exp: Experiment, model: ModelArch) -> Drafter:
     """The experiment's drafter on one GPU (lab/costmodel/speculative.py ``make_drafter``).
 
     Raises:
-        ValueError: MTP for a model without MTP layers; an unknown draft model.
+        ValueError: MTP for a model without MTP layers; an unknown draft model; a draft TP size vLLM refuses.
     """
     spec = exp.speculative
     assert spec is not None
@@ -114,9 +114,29 @@ def make_experiment_drafter(exp: Experiment, model: ModelArch) -> Drafter:
     if spec.method == "draft_model":
         path = exp.path(spec.hf_config, "speculative.hf_config") if spec.hf_config else None
         draft = load_model(spec.model, path)
+        check_draft_tp(spec.draft_tensor_parallel_size, exp.hardware.tensor_parallel_size, draft)
     kv_dtype = resolve_kv_dtype(exp.model.dtype, exp.model.kv_cache_dtype)
     return make_drafter(spec.method, model, kv_dtype, exp.model.dtype, exp.hardware.tensor_parallel_size, draft,
                         spec.draft_vocab_size, spec.draft_tensor_parallel_size)
+
+
+def check_draft_tp(draft_tp: int | None, target_tp: int, draft: ModelArch) -> None:
+    """vLLM's rules for ``draft_tensor_parallel_size``: 1 or the target's TP (vllm/config/speculative.py
+    ``_verify_and_get_draft_tp``), and, like any TP size, a divisor of the draft model's attention heads (and of
+    its KV heads, or a multiple of them).
+
+    Raises:
+        ValueError: naming ``speculative.draft_tensor_parallel_size`` and the rule.
+    """
+    if draft_tp is None:
+        return
+    field = f"speculative.draft_tensor_parallel_size ({draft_tp})"
+    if draft_tp not in (1, target_tp):
+        raise ValueError(f"{field}: vLLM accepts only 1 or the target's tensor_parallel_size ({target_tp})")
+    kv = draft.num_kv_heads
+    if draft.num_heads % draft_tp or (kv % draft_tp if kv >= draft_tp else draft_tp % kv):
+        raise ValueError(f"{field} must divide the draft model {draft.name}'s {draft.num_heads} attention heads "
+                         f"and {kv} KV heads (or be a multiple of the KV heads), as vLLM requires")
 
 
 def speculative_cost_model(exp: Experiment, target: CostModel, drafter: Drafter, hw: Hardware,

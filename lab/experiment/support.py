@@ -1,0 +1,280 @@
+"""Which features compose: the support matrix, written once, and the check that applies it before simulating.
+
+A feature is a mechanism an experiment turns on (speculative decoding, pipeline parallelism, prefill/decode
+disaggregation, ...). Every pair of features composes unless a :class:`Refusal` below says otherwise, and every
+scheduler supports a feature unless the feature needs a capability the scheduler does not declare
+(lab/core/sched_api.py ``SchedulerBase``: ``supports_speculation``, ``supports_kv_offload``, ...). Each refusal names
+the fields involved and whose rule it is: the engine's (vLLM or SGLang refuses the combination; file and version
+given) or servelab's (the combination exists in the engine but servelab cannot model it yet).
+
+:func:`check_composition` applies the matrix to an experiment, pool by pool, and raises :class:`ConfigError` with
+a one-line reason; ``simulate`` calls it before it builds anything, so a run never stops mid-way for a combination
+the matrix refuses. :func:`markdown_tables` renders the matrix for docs/composition.md (``servelab support``);
+tests/test_composition_matrix.py checks that the page holds the current tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from lab.experiment.config import ConfigError, Experiment, pool_experiments
+
+# A feature's test: (the whole experiment, one pool's view of it) -> on or off in that pool.
+Test = Callable[[Experiment, Experiment], bool]
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A mechanism an experiment turns on.
+
+    Attributes:
+        key: short name used in the matrix and in refusals.
+        title: what the docs call it.
+        fields: the experiment fields that turn it on.
+        present: whether it is on in one pool of an experiment.
+        needs: the scheduler capability it needs (a ``SchedulerBase`` attribute), or None.
+    """
+
+    key: str
+    title: str
+    fields: str
+    present: Test
+    needs: str | None = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A combination of features (two, or one under a condition) that is refused before simulating.
+
+    Attributes:
+        features: the feature keys (one or two).
+        reason: one sentence naming the fields and what to do instead.
+        rule: whose rule it is: ``vLLM <version>: <file>`` / ``SGLang ...`` (the engine refuses it) or
+            ``servelab`` (not modelled yet).
+        when: a narrower condition than both features being on (None: both on is enough).
+        about_workload: the condition reads the workload section (skipped when a caller brings its own requests).
+    """
+
+    features: tuple[str, ...]
+    reason: str
+    rule: str
+    when: Test | None = None
+    about_workload: bool = False
+
+
+def _spec(method: str | None = None) -> Test:
+    def test(exp: Experiment, sub: Experiment) -> bool:
+        s = sub.speculative
+        return s is not None and (method is None or s.method == method)
+    return test
+
+
+def _async_requested(exp: Experiment, sub: Experiment) -> bool:
+    return sub.engine.async_scheduling is True
+
+
+def _swap(exp: Experiment, sub: Experiment) -> bool:
+    return sub.policy.preemption.mode == "swap"
+
+
+def _kv_offload(exp: Experiment, sub: Experiment) -> bool:
+    return bool(sub.engine.kv_offloading_size)
+
+
+def _pd(exp: Experiment, sub: Experiment) -> bool:
+    return exp.deployment.mode == "disaggregated"
+
+
+def _hand_off(exp: Experiment, sub: Experiment) -> bool:
+    return exp.deployment.mode != "disaggregated" and bool(exp.pools) and len(exp.pools) > 1
+
+
+def _pp(exp: Experiment, sub: Experiment) -> bool:
+    return sub.hardware.pipeline_parallel_size > 1
+
+
+def _lock_step(exp: Experiment, sub: Experiment) -> bool:
+    h = sub.hardware
+    if h.data_parallel_size == 1:
+        return False
+    return h.data_parallel_lock_step if h.data_parallel_lock_step is not None else h.expert_parallel_size > 1
+
+
+def _closed_loop(exp: Experiment, sub: Experiment) -> bool:
+    return exp.workload.concurrency is not None or exp.workload.source == "vllm_bench"
+
+
+def _sessions(exp: Experiment, sub: Experiment) -> bool:
+    return exp.workload.source == "sessions"
+
+
+def _priority(exp: Experiment, sub: Experiment) -> bool:
+    return sub.policy.queue == "priority"
+
+
+def _prefix_caching(exp: Experiment, sub: Experiment) -> bool:
+    return sub.engine.enable_prefix_caching
+
+
+def _no_chunking(exp: Experiment, sub: Experiment) -> bool:
+    return not sub.engine.enable_chunked_prefill
+
+
+def _frontend(exp: Experiment, sub: Experiment) -> bool:
+    f = exp.frontend
+    return bool(f.request_s or f.per_prompt_token_s or f.per_output_token_s)
+
+
+def _session_router(exp: Experiment, sub: Experiment) -> bool:
+    return sub.cluster.router == "session_affinity"
+
+
+FEATURES: tuple[Feature, ...] = (
+    Feature("spec", "speculative decoding (any method)", "speculative", _spec(), needs="supports_speculation"),
+    Feature("ngram", "n-gram speculative decoding", "speculative.method: ngram", _spec("ngram"),
+            needs="supports_speculation"),
+    Feature("async", "async scheduling, asked for explicitly", "engine.async_scheduling: true", _async_requested,
+            needs="supports_async"),
+    Feature("pp", "pipeline parallelism", "hardware.pipeline_parallel_size > 1", _pp),
+    Feature("lockstep", "DP ranks in lock-step (DP + EP)", "hardware.data_parallel_size, expert_parallel_size, "
+            "data_parallel_lock_step", _lock_step),
+    Feature("pd", "prefill/decode disaggregation", "deployment.mode: disaggregated", _pd, needs="admits_kv_holding"),
+    Feature("handoff", "pools chained by hand_off", "pools[].hand_off", _hand_off),
+    Feature("offload", "CPU tier of the KV cache", "engine.kv_offloading_size", _kv_offload,
+            needs="supports_kv_offload"),
+    Feature("swap", "swap preemption (vLLM V0)", "policy.preemption.mode: swap", _swap),
+    Feature("prefix", "prefix caching", "engine.enable_prefix_caching", _prefix_caching),
+    Feature("nochunk", "chunked prefill off", "engine.enable_chunked_prefill: false", _no_chunking),
+    Feature("priority", "priority queue", "policy.queue: priority", _priority),
+    Feature("closed", "closed-loop clients", "workload.concurrency", _closed_loop),
+    Feature("sessions", "multi-turn sessions", "workload.source: sessions", _sessions),
+    Feature("frontend", "API-server front end", "frontend", _frontend),
+    Feature("affinity", "session-affinity router", "cluster.router / pools[].router: session_affinity",
+            _session_router),
+)
+
+_BY_KEY = {f.key: f for f in FEATURES}
+
+
+REFUSALS: tuple[Refusal, ...] = (
+    Refusal(("ngram", "async"),
+            "engine.async_scheduling: true with speculative.method ngram: vLLM's async scheduling supports EAGLE, "
+            "EAGLE-3, MTP, draft models and the GPU n-gram proposer only (the CPU n-gram proposer needs the sampled "
+            "tokens on the host); leave async_scheduling unset (off) or false",
+            "vLLM 0.33: vllm/config/vllm.py (async_scheduling and speculative_config)"),
+    Refusal(("offload", "swap"),
+            "engine.kv_offloading_size with policy.preemption.mode swap: the CPU tier is vLLM V1's "
+            "OffloadingConnector, swap preemption is V0's swap space, and no vLLM has both; use mode recompute",
+            "vLLM 0.33: V1 has recompute preemption only (vllm/v1/core/sched/scheduler.py)"),
+    Refusal(("offload", "pd"),
+            "engine.kv_offloading_size with deployment.mode disaggregated: a CPU tier beside a P->D KV connector "
+            "(vLLM's MultiConnector) is not modelled; remove kv_offloading_size or run colocated",
+            "servelab"),
+    Refusal(("affinity",),
+            "router session_affinity with workload.source synthetic: generated requests carry no session_id, token "
+            "ids or prefix ids, so every request would be a session of its own and the router would only balance "
+            "load; use workload.source sessions (or a trace with session_id), or router least_requests",
+            "servelab (nothing to be affine to)",
+            when=lambda exp, sub: exp.workload.source == "synthetic", about_workload=True),
+)
+
+
+def _capability_refusal(feature: Feature, name: str) -> str:
+    from policies import scheduler_class, scheduler_names  # noqa: PLC0415
+
+    able = [n for n in scheduler_names() if getattr(scheduler_class(n), feature.needs or "")]
+    return (f"{feature.fields}: scheduler {name!r} does not support {feature.title} (it does not declare "
+            f"{feature.needs}); schedulers that do: {', '.join(able)}")
+
+
+def refusals(exp: Experiment, own_requests: bool = False) -> list[str]:
+    """Every reason the experiment cannot run, pool by pool (one line each; empty when it composes).
+
+    Args:
+        exp: the experiment.
+        own_requests: the caller brings its own requests (the workload section is not used).
+
+    Raises:
+        ConfigError: a pool's merged sections are invalid (from :func:`pool_experiments`).
+    """
+    from policies import make_scheduler  # noqa: PLC0415  (policies sit beside the stack; resolved on use)
+
+    out: list[str] = []
+    for pool, sub in pool_experiments(exp):
+        where = f"pools[{exp.pools.index(pool)}] {pool.name}: " if pool is not None else ""
+        on = {f.key for f in FEATURES if f.present(exp, sub)}
+        for r in REFUSALS:
+            if own_requests and r.about_workload:
+                continue
+            if all(k in on for k in r.features) and (r.when is None or r.when(exp, sub)):
+                out.append(f"{where}{r.reason} [{r.rule}]")
+        scheduler = make_scheduler(sub.policy.scheduler, sub.base_dir, sub.policy.options, sub.seed)
+        for key in sorted(on):
+            f = _BY_KEY[key]
+            if f.needs is not None and not getattr(scheduler, f.needs) and not _degrades(f):
+                out.append(where + _capability_refusal(f, sub.policy.scheduler))
+    return list(dict.fromkeys(out))
+
+
+def _degrades(feature: Feature) -> bool:
+    """A capability whose absence the engine handles by a documented fallback instead of a refusal: a scheduler
+    without ``admits_kv_holding`` gets requests whose remote KV arrived at the head of its waiting queue
+    (lab/engine/instance.py ``_admit_loaded``)."""
+    return feature.needs == "admits_kv_holding"
+
+
+def check_composition(exp: Experiment, own_requests: bool = False) -> None:
+    """Refuse an experiment whose features do not compose (the matrix above), before anything is simulated;
+    ``own_requests``: the caller brings its own requests (see :func:`refusals`).
+
+    Raises:
+        ConfigError: ``<file>: <reason> [<whose rule>]``, the first refusal (one line).
+    """
+    found = refusals(exp, own_requests)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise ConfigError(f"{exp.source}: {found[0]}{more}")
+
+
+# ---- the matrix as documentation (docs/composition.md; servelab support) ----
+def feature_pairs() -> dict[tuple[str, str], Refusal]:
+    """The refused pairs, both orders, keyed by feature keys."""
+    out: dict[tuple[str, str], Refusal] = {}
+    for r in REFUSALS:
+        if len(r.features) == 2:
+            a, b = r.features
+            out[(a, b)] = out[(b, a)] = r
+    return out
+
+
+def markdown_tables(scheduler_classes: dict[str, type]) -> str:
+    """The support matrix as Markdown: features x features (a number points at the refusal listed under the
+    table), schedulers x features (the capability each feature needs), and the list of refusals with whose rule
+    each is.
+
+    Args:
+        scheduler_classes: scheduler name -> class (``policies.scheduler_class`` of each registered name).
+    """
+    refused = feature_pairs()
+    numbers = {id(r): i for i, r in enumerate(REFUSALS, 1)}
+    keys = [f.key for f in FEATURES]
+    lines = ["| feature | " + " | ".join(f"`{k}`" for k in keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for f in FEATURES:
+        cells = []
+        for k in keys:
+            r = refused.get((f.key, k))
+            cells.append("—" if k == f.key else f"✗{numbers[id(r)]}" if r is not None else "✓")
+        lines.append(f"| `{f.key}` | " + " | ".join(cells) + " |")
+    lines += ["", "| feature | what | turned on by | scheduler capability needed |", "|---|---|---|---|"]
+    lines += [f"| `{f.key}` | {f.title} | `{f.fields}` | {f'`{f.needs}`' if f.needs else '—'} |" for f in FEATURES]
+    needing = [f for f in FEATURES if f.needs]
+    lines += ["", "| scheduler | " + " | ".join(f"`{f.key}`" for f in needing) + " |",
+              "|---" * (len(needing) + 1) + "|"]
+    for name, cls in scheduler_classes.items():
+        cells = ["✓" if getattr(cls, f.needs) else "fallback" if _degrades(f) else "✗" for f in needing]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    lines += ["", "Refused combinations:", ""]
+    lines += [f"{i}. {' + '.join(f'`{k}`' for k in r.features)}: {r.reason}. Rule: {r.rule}."
+              for i, r in enumerate(REFUSALS, 1)]
+    return "\n".join(lines) + "\n"
