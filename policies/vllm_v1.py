@@ -13,11 +13,19 @@ from __future__ import annotations
 
 from lab.core.kv_cache import unique_content
 from lab.core.request import Request, RequestStatus
-from lab.core.sched_api import EngineView, SchedulerBase, SchedulerOutput
+from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
 from policies.common import (allocate_or_preempt, allocate_waiting, lookup, next_waiting, preemption_reason,
                              resolve_victim_rule, schedule_drafts, start_cpu_load, take_waiting)
 
 _RUNNING = RequestStatus.RUNNING
+
+
+def admission_lookahead(config: SchedulerConfig, request: Request) -> int:
+    """Lookahead slots a waiting request's admission allocates: none for a request with nothing computed (a new
+    or recomputing one), ``num_lookahead_tokens`` for one that holds computed state (its remote KV arrived, or
+    swapped out): vLLM's ``effective_lookahead_tokens`` (vllm/v1/core/sched/scheduler.py, "an edge case when P/D
+    disaggregation is used with spec decoding where an extra block gets allocated")."""
+    return config.num_lookahead_tokens if request.num_computed_tokens else 0
 
 
 class VLLMV1Scheduler(SchedulerBase):
@@ -215,7 +223,7 @@ class VLLMV1Scheduler(SchedulerBase):
             n = budget
         if cfg.pad_new_one_token_requests and n == 1:
             return False
-        need = engine.kv.blocks_to_admit(head, n, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
+        need = engine.kv.blocks_to_admit(head, n, admission_lookahead(cfg, head), cfg.scheduler_reserve_full_isl)
         if need is None:
             return False
         reserve = int(cfg.watermark * engine.kv.pool.num_gpu_blocks) if cfg.watermark and num_running else 0
@@ -268,7 +276,7 @@ class VLLMV1Scheduler(SchedulerBase):
         if engine.kv.enable_prefix_caching and not unique_content(request):
             return False
         # (its whole sequence's blocks: with a hit, each hit block leaves the free queue as a new block would)
-        need = engine.kv.blocks_to_admit(request, request.num_tokens, cfg.num_lookahead_tokens,
+        need = engine.kv.blocks_to_admit(request, request.num_tokens, admission_lookahead(cfg, request),
                                          cfg.scheduler_reserve_full_isl)
         if need is None:
             return False
@@ -300,7 +308,7 @@ class VLLMV1Scheduler(SchedulerBase):
             return None
         if kv.enable_prefix_caching and not unique_content(request):
             return None
-        need = kv.blocks_to_admit(request, budget, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
+        need = kv.blocks_to_admit(request, budget, admission_lookahead(cfg, request), cfg.scheduler_reserve_full_isl)
         if need is None:
             return None
         reserve = int(cfg.watermark * kv.pool.num_gpu_blocks) if cfg.watermark and num_running else 0
@@ -328,7 +336,6 @@ class VLLMV1Scheduler(SchedulerBase):
         running = engine.running
         full_isl = cfg.scheduler_reserve_full_isl
         watermark_blocks = int(cfg.watermark * kv.pool.num_gpu_blocks) if cfg.watermark else 0
-        lookahead = cfg.num_lookahead_tokens
         while budget > 0:
             if len(running) >= cfg.max_num_seqs:
                 out.waiting_blocked = True
@@ -336,6 +343,7 @@ class VLLMV1Scheduler(SchedulerBase):
             r = next_waiting(engine)
             if r is None:
                 break
+            lookahead = admission_lookahead(cfg, r)
             hits, num_hit = lookup(engine, r)
             reserve = watermark_blocks if running else 0
             if engine.kv_offload is not None:

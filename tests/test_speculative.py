@@ -102,20 +102,31 @@ def test_per_position_counts_and_the_seeded_stream_match_the_conditional_rates()
 
 
 def test_lookahead_slots_are_allocated_for_the_drafter():
-    # block size 4: the prefill of 8 tokens plus k = 3 lookahead slots needs ceil(11 / 4) = 3 blocks; the verify
-    # step (C 8 -> 12) plus 3 lookahead needs ceil(15 / 4) = 4
+    # block size 4: a new request is admitted without lookahead slots (vLLM's effective_lookahead_tokens is 0 for a
+    # request with nothing computed): its prefill of 8 tokens needs 2 blocks; its first verify step (C 8 -> 12)
+    # plus k = 3 lookahead slots needs ceil(15 / 4) = 4
     env, inst, cost, _ = engine(rates=(0.0,))
     a = req(0, 8, 20)
     submit(env, inst, [a])
     env.run(until=0.5)
-    assert len(a.blocks) == 3
+    assert len(a.blocks) == 2
     env.run(until=1.5)
     assert len(a.blocks) == 4
     env2, inst2, _, _ = engine(rates=(0.0,), lookahead=0)
     b = req(0, 8, 20)
     submit(env2, inst2, [b])
-    env2.run(until=0.5)
-    assert len(b.blocks) == 2
+    env2.run(until=1.5)
+    assert len(b.blocks) == 3  # ceil(12 / 4): no lookahead slots
+
+
+def test_a_request_holding_computed_state_is_admitted_with_its_lookahead_slots():
+    # C = 8 (e.g. its remote KV arrived): admitting its last token reserves the k = 3 lookahead slots too
+    from policies.vllm_v1 import admission_lookahead
+
+    env, inst, _, _ = engine(rates=(0.0,))
+    fresh, holding = req(0, 8, 20), req(1, 8, 20)
+    holding.num_computed_tokens = 7
+    assert (admission_lookahead(inst.config, fresh), admission_lookahead(inst.config, holding)) == (0, 3)
 
 
 def test_drafts_proposed_after_a_non_final_prefill_chunk_are_discarded():
