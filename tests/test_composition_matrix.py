@@ -165,3 +165,18 @@ def test_a_run_that_runs_out_of_events_with_requests_left_is_an_error(monkeypatc
     monkeypatch.setattr(Instance, "add_request", lambda self, request: None)  # arrivals vanish
     with pytest.raises(EngineStall, match="ran out of events .* 2 request"):
         simulate(parse_experiment(_exp()))
+
+
+def test_the_example_user_policy_serves_a_decode_instance_and_one_without_kv_holding_is_refused(tmp_path):
+    pd = {"mode": "disaggregated", "prefill": {"count": 1}, "decode": {"count": 1}}
+    example = str(REPO / "experiments" / "user_policies" / "shortest_prompt_first.py") + ":ShortestPromptFirst"
+    res = _runs_clean(parse_experiment(_exp(policy=example, deployment=pd,
+                                            workload={"num_requests": 60, "rate": 50},
+                                            engine={"num_gpu_blocks": 300})))
+    assert sum(r.status == RequestStatus.FINISHED for r in res.requests) > 50
+    plain = tmp_path / "plain.py"
+    plain.write_text((REPO / "experiments" / "user_policies" / "shortest_prompt_first.py").read_text()
+                     .replace("    admits_kv_holding = True", "    pass"))
+    exp = parse_experiment(_exp(policy=f"{plain}:ShortestPromptFirst", deployment=pd), source="u.yaml")
+    with pytest.raises(ConfigError, match="does not support prefill/decode disaggregation .*admits_kv_holding"):
+        simulate(exp)

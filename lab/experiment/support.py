@@ -212,16 +212,9 @@ def refusals(exp: Experiment, own_requests: bool = False) -> list[str]:
         scheduler = make_scheduler(sub.policy.scheduler, sub.base_dir, sub.policy.options, sub.seed)
         for key in sorted(on):
             f = _BY_KEY[key]
-            if f.needs is not None and not getattr(scheduler, f.needs) and not _degrades(f):
+            if f.needs is not None and not getattr(scheduler, f.needs):
                 out.append(where + _capability_refusal(f, sub.policy.scheduler))
     return list(dict.fromkeys(out))
-
-
-def _degrades(feature: Feature) -> bool:
-    """A capability whose absence the engine handles by a documented fallback instead of a refusal: a scheduler
-    without ``admits_kv_holding`` gets requests whose remote KV arrived at the head of its waiting queue
-    (lab/engine/instance.py ``_admit_loaded``)."""
-    return feature.needs == "admits_kv_holding"
 
 
 def check_composition(exp: Experiment, own_requests: bool = False) -> None:
@@ -272,7 +265,7 @@ def markdown_tables(scheduler_classes: dict[str, type]) -> str:
     lines += ["", "| scheduler | " + " | ".join(f"`{f.key}`" for f in needing) + " |",
               "|---" * (len(needing) + 1) + "|"]
     for name, cls in scheduler_classes.items():
-        cells = ["✓" if getattr(cls, f.needs) else "fallback" if _degrades(f) else "✗" for f in needing]
+        cells = ["✓" if getattr(cls, f.needs) else "✗" for f in needing]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     lines += ["", "Refused combinations:", ""]
     lines += [f"{i}. {' + '.join(f'`{k}`' for k in r.features)}: {r.reason}. Rule: {r.rule}."
