@@ -101,6 +101,49 @@ def test_failed_run_is_recorded_and_the_others_finish(tmp_path):
     assert not (tmp_path / "out" / "sweep" / "base" / "p0001_r0").exists()
 
 
+def test_the_tables_are_replaced_as_one_set(tmp_path, monkeypatch):
+    import lab.report.sweep as sweep_mod
+
+    names = ["sweep.csv", "sweep.parquet", "sweep_summary.csv", "sweep.html"]
+    out = tmp_path / "out"
+    spec, cmp, runs = load_sweep(_write(tmp_path, axes={"workload.rate": [4, 8]}, replications=1))
+    run_sweep(spec, cmp, runs, out, jobs=1)
+    earlier = {n: (out / n).read_bytes() for n in names}
+    records = _complete_runs(out)
+    # another sweep into the folder (rate 8 -> 16), killed once three of its four files are written
+    spec, cmp, runs = load_sweep(_write(tmp_path, axes={"workload.rate": [4, 16]}, replications=1))
+    written = []
+
+    def killed(folder, *args, **kwargs):
+        written.extend(n for n in names if (folder / n).is_file())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_mod, "write_sweep_html", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, cmp, runs, out, jobs=1)
+    assert written == names[:3]  # the new tables existed, and yet:
+    assert {n: (out / n).read_bytes() for n in names} == earlier  # the earlier set, whole
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+    monkeypatch.undo()
+    per_run, summary = run_sweep(spec, cmp, runs, out, jobs=1)
+    assert per_run.attrs["reused"] == 2  # rate 4 from the first sweep, rate 16 from the killed one
+    assert pd.read_csv(out / "sweep.csv")["workload.rate"].tolist() == [4, 16]
+    assert pd.read_csv(out / "sweep_summary.csv")["workload.rate"].tolist() == [4, 16]
+    assert pd.read_parquet(out / "sweep.parquet").equals(per_run)
+    assert _complete_runs(out)["p0000_r0"] == records["p0000_r0"]  # the run records carried over, untouched
+
+
+def test_an_out_folder_that_is_not_an_output_is_refused_before_any_run(tmp_path):
+    from lab.report.run_report import OutputDirError
+
+    spec, cmp, runs = load_sweep(_write(tmp_path, axes={"workload.rate": [4]}, replications=1))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(OutputDirError, match="not servelab outputs"):
+        run_sweep(spec, cmp, runs, tmp_path / "mine", jobs=1)
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+
+
 def test_plain_progress_lines_off_a_terminal():
     from rich.console import Console
 

@@ -375,8 +375,9 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML file (docs/sweeps.md
           fresh: bool = typer.Option(False, "--fresh", help="redo every run, also those already complete"),
           quiet: bool = QUIET_OPT) -> None:
     """Run a base experiment over axes of field values with replications; writes sweep.csv (one row per run) and
-    sweep_summary.csv (per point: mean and 95 % confidence half-width). A re-run resumes from complete runs. Exits
-    1 when a run failed (the others still run; the failures are listed and in sweep.csv's status column)."""
+    sweep_summary.csv (per point: mean and 95 % confidence half-width), replaced with sweep.parquet and sweep.html
+    as one set. A re-run resumes from complete runs. Exits 1 when a run failed (the others still run; the failures
+    are listed and in sweep.csv's status column)."""
     from lab.cli.sweep_display import SweepDisplay
     from lab.experiment.config import ConfigError
     from lab.report.executors import ExecutorError, make_executor
@@ -420,13 +421,17 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML file (docs/sweeps.md
 
 @app.command()
 def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.md)"), out: Optional[Path] = NAMED_OUT_OPT,
-           data_dir: Optional[Path] = DATA_OPT, quiet: bool = QUIET_OPT) -> None:
+           data_dir: Optional[Path] = DATA_OPT,
+           fresh: bool = typer.Option(False, "--fresh", help="redo every probe, also those already complete in the "
+                                                              "output folder with an unchanged configuration"),
+           quiet: bool = QUIET_OPT) -> None:
     """Find the highest load within an SLO, or the fewest instances for a load, by bisection over simulations, and
-    rank candidate deployments by the GPUs they need; writes search.md and search.json."""
-    import json
-
+    rank candidate deployments by the GPUs they need; writes search.md and search.json (replaced as one set). A
+    re-run into the same folder reuses every probe already complete with an unchanged configuration (--fresh:
+    none)."""
     from lab.core.sched_api import SchedulerContractError
     from lab.experiment.config import ConfigError
+    from lab.report.run_report import OutputDirError
     from lab.report.search import load_search, run_search, search_markdown
     from lab.workload.loaders import WorkloadError
     from policies import PolicyError
@@ -436,29 +441,31 @@ def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.
     except ConfigError as e:
         _fail(str(e))
     _note_slo_units(search_spec.slo)
+    out_dir = out or Path("reports") / search_spec.name
 
     def on_probe(name: str, probe) -> None:
         if not quiet:
             f = probe.figures
             growing = ", backlog still growing" if f.get("queue_growing") else ""
+            how = ", reused" if probe.reused else ""
             err_console.print(f"{name}: {probe.value} -> {'met' if probe.ok else 'missed'} (TTFT "
                               f"{f['p_ttft'] * 1e3:.0f} ms, TPOT {f['p_tpot'] * 1e3:.1f} ms, attainment "
-                              f"{f['attainment'] * 100:.1f} %{growing})", highlight=False, markup=False)
+                              f"{f['attainment'] * 100:.1f} %{growing}{how})", highlight=False, markup=False)
 
     try:
-        results = run_search(search_spec, where, data_dir, on_probe)
-    except (ConfigError, PolicyError, WorkloadError, SchedulerContractError, FileNotFoundError) as e:
+        results = run_search(search_spec, where, out_dir, data_dir, on_probe, fresh=fresh)
+    except (ConfigError, OutputDirError, PolicyError, WorkloadError, SchedulerContractError, FileNotFoundError) as e:
         _fail(str(e))
-    out_dir = out or Path("reports") / search_spec.name
-    out_dir.mkdir(parents=True, exist_ok=True)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: the probes already complete in {out_dir}/probes are kept; run the same "
+                          "command again to resume (--fresh redoes them)", highlight=False)
+        raise typer.Exit(130)
     text = search_markdown(search_spec, results)
-    (out_dir / "search.md").write_text(text)
-    (out_dir / "search.json").write_text(json.dumps(
-        [{"candidate": r.candidate, "value": r.value, "gpus": r.gpus, "error": r.error,
-          "probes": [{"value": p.value, "ok": p.ok, **p.figures} for p in r.probes]} for r in results], indent=1))
     console.print(text.split("\n\nProbes")[0], highlight=False, markup=False)
-    console.print(f"{sum(len(r.probes) for r in results)} simulations; wrote {out_dir}/search.md and search.json",
-                  highlight=False)
+    probes = [p for r in results for p in r.probes]
+    reused = sum(p.reused for p in probes)
+    console.print(f"{len(probes)} probes ({reused} reused, {len(probes) - reused} simulated); wrote "
+                  f"{out_dir}/search.md and search.json", highlight=False)
 
 
 @app.command()

@@ -20,21 +20,33 @@ stays missed as load grows (or as instances are removed), and bisects: ``max_rat
 ``tolerance`` of its lower end, the integer searches exactly. A probe counts as meeting the SLO only if every request
 finished (none rejected or unfinished) and, unless ``require_stable_queue: false``, its backlog was not still
 growing at the last arrival (:func:`queue_growth`).
+
+A search that cannot apply to its experiment (``min_instances`` on a disaggregated deployment, ``max_rate`` on a
+trace that keeps its own arrival times, a bracket end the experiment refuses, ...) is refused before anything is
+simulated (:func:`check_search`). Each probe is a sweep run (lab/report/sweep.py ``simulate_task``): its folder
+``<out>/probes/<candidate>/<field>=<value>/`` is written atomically with ``run.json`` (the hash of the probe's
+configuration) last, and a re-run reuses every probe whose folder is complete and whose hash is unchanged
+(``reuse_task``; ``fresh`` redoes them), judging it again from its ``requests.parquet``. ``search.md`` and
+``search.json`` replace the earlier ones as one set, in one rename of the output folder (``replace_outputs``).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lab.experiment.config import (ConfigError, Experiment, UnknownFieldError, deep_merge, parse_experiment,
+from lab.experiment.config import (ConfigError, Experiment, _format_errors, deep_merge, parse_experiment,
                                    read_yaml)
-from lab.experiment.simulation import simulate
-from lab.report.metrics import requests_frame
+from lab.report.compare import Run, config_hash, run_dir
+from lab.report.run_report import OutputDirError, check_out_dir
+from lab.report.sweep import SweepTask, replace_outputs, reuse_task, simulate_task
 
 _FIELDS = {"max_rate": "workload.rate", "max_concurrency": "workload.concurrency",
            "min_instances": "cluster.num_instances"}
@@ -78,12 +90,23 @@ class SearchSpec(BaseModel):
                                        "short the trace)")
     candidates: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
+    @field_validator("candidates")
+    @classmethod
+    def _candidate_names(cls, candidates: dict) -> dict:
+        for name in candidates:
+            if not re.match(r"^[A-Za-z0-9_.-]+$", name):
+                raise ValueError(f"candidate name {name!r} must match [A-Za-z0-9_.-]+ (it names its probes' folder)")
+        return candidates
+
     @model_validator(mode="after")
     def _bracket(self) -> "SearchSpec":
         if self.low >= self.high:
             raise ValueError(f"low ({self.low}) must be below high ({self.high})")
         if self.find != "max_rate" and (self.low != int(self.low) or self.high != int(self.high)):
             raise ValueError(f"{self.find}: low and high must be integers")
+        if self.find != "max_rate" and "tolerance" in self.model_fields_set:
+            raise ValueError(f"tolerance does not apply to find {self.find}: the integer searches are exact "
+                             "(tolerance is for max_rate)")
         return self
 
 
@@ -94,6 +117,7 @@ class Probe:
     value: float
     ok: bool
     figures: dict
+    reused: bool = False  # read back from the probe's complete folder instead of simulated (not in the outputs)
 
 
 @dataclass
@@ -118,9 +142,9 @@ def load_search(path: str | Path, data_dir: str | Path | None = None) -> tuple[S
     data = read_yaml(p, "search file")
     try:
         return SearchSpec.model_validate(data or {}), p
-    except ValidationError as e:
-        lines = [f"{p}: invalid search file"] + [f"  {'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()]
-        raise ConfigError("\n".join(lines)) from None
+    except ValidationError as e:  # one line per bad field (a single one: one line), unknown ones with a suggestion
+        msg = _format_errors(str(p), e, SearchSpec).replace("invalid experiment", "invalid search file")
+        raise ConfigError(msg.replace(": (top level): ", ": ")) from None
 
 
 def _base_data(spec: SearchSpec, where: Path) -> tuple[dict, Path]:
@@ -154,13 +178,15 @@ def meets(figures: dict, slo: SearchSLO, require_stable_queue: bool = True) -> b
                                                              ("e2el", slo.e2el_s)) if bound is not None)
 
 
-def probe_figures(exp: Experiment, slo: SearchSLO) -> dict:
-    """Simulate ``exp`` and return what the SLO is judged on: the percentile of each bounded metric, the share of
-    requests meeting every bound, throughput, and the requests not served."""
-    res = simulate(exp)
-    df = requests_frame(res.requests)
+def probe_figures(df: pd.DataFrame, slo: SearchSLO) -> dict:
+    """What the SLO is judged on, from a probe's requests table (``requests.parquet``: lab/report/metrics.py
+    ``requests_frame``; seconds): the percentile of each bounded metric (``p_ttft``, ``p_tpot``, ``p_e2el``; the
+    median under an attainment SLO; inf with no finished request), ``attainment`` (the share of requests meeting
+    every bound, 0..1), ``num_requests`` and ``num_unserved`` (rejected or unfinished), ``request_throughput``
+    (finished requests per second, first arrival to last finish) and :func:`queue_growth`. Closed-loop warm-up
+    requests are left out. Raises KeyError: a column is missing."""
     if "warmup" in df:
-        df = df[~df["warmup"]]
+        df = df[~df["warmup"].astype(bool)]
     fin = df[df["status"] == "finished"]
     q = slo.percentile if slo.percentile is not None else 50.0
     out: dict = {"num_requests": int(len(df)), "num_unserved": int(len(df) - len(fin))}
@@ -232,57 +258,171 @@ def _bisect(ok: Callable[[float], bool], low: float, high: float, integer: bool,
             bad = mid
 
 
-def _gpus(exp: Experiment, instances: int | None = None) -> int:
-    """GPUs of a deployment: per instance TP x PP (a DP rank is an instance), times the instances."""
+def _gpus(exp: Experiment) -> int:
+    """GPUs of a deployment: per instance TP x PP (a DP rank is an instance), times the instances; a pool (or a
+    disaggregated role) with its own ``hardware`` parallelism counts with it."""
     h = exp.hardware
-    per = h.tensor_parallel_size * h.pipeline_parallel_size
     if exp.pools:
-        return sum(p.num_instances * per for p in exp.pools)  # roles share the experiment's parallelism here
-    return per * (instances if instances is not None else exp.cluster.num_instances)
+        return sum(p.num_instances * p.hardware.get("tensor_parallel_size", h.tensor_parallel_size)
+                   * p.hardware.get("pipeline_parallel_size", h.pipeline_parallel_size) for p in exp.pools)
+    return h.tensor_parallel_size * h.pipeline_parallel_size * exp.cluster.num_instances
 
 
-def run_search(spec: SearchSpec, where: Path, data_dir: str | Path | None = None,
-               on_probe: Callable[[str, Probe], None] | None = None) -> list[SearchResult]:
-    """Run the search for every candidate (or the base alone) and return the answers, cheapest first (fewest GPUs,
-    then the larger answer for a max search).
+def _candidates(spec: SearchSpec, where: Path) -> tuple[list[tuple[str, dict]], Path]:
+    """(every candidate's name and experiment fields, base <- its overrides; or the base alone as ``base``), and
+    the folder relative paths of the base resolve in. Raises ConfigError: the base cannot be read."""
+    base, base_dir = _base_data(spec, where)
+    return [(name, deep_merge(base, over)) for name, over in (spec.candidates or {"base": {}}).items()], base_dir
+
+
+def _value(spec: SearchSpec, value: float) -> int | float:
+    return value if spec.find == "max_rate" else int(value)
+
+
+def check_search(spec: SearchSpec, where: Path, data_dir: str | Path | None = None) -> None:
+    """Refuse a search that cannot apply to its experiment, before anything is simulated: for every candidate, the
+    searched field must be one the experiment uses, and the experiment must be valid with it at ``low`` and at
+    ``high``. Refused: ``cluster.num_instances`` (``min_instances``) on a disaggregated deployment (its roles have
+    their own counts), on one with ``pools`` or with ``hardware.data_parallel_size`` > 1 (only multiples of it
+    are valid); ``workload.rate`` (``max_rate``) on a workload that keeps its trace's or a CSV's arrival times; an
+    unknown field; a bracket end the experiment refuses (``workload.concurrency`` with ``source: sessions``, ...).
+    A deployment that cannot be built (a model that does not fit) is not refused here: the search reports it.
 
     Raises:
-        ConfigError: the base or a candidate is not a valid experiment.
+        ConfigError: one line naming the search file, the candidate (when there are several), the field and why
+            (UnknownFieldError for an unknown field).
     """
-    base, base_dir = _base_data(spec, where)
     dotted = spec.field or _FIELDS[spec.find]
-    integer = spec.find != "max_rate"
+    cands, base_dir = _candidates(spec, where)
+    for name, data in cands:
+        label = f"{where}: " + (f"candidate {name}: " if spec.candidates else "")
+        what = f"find {spec.find} searches {dotted}" if spec.field is None else f"field {dotted}"
+        if dotted == "cluster.num_instances":  # (read from the fields: the experiment may be valid only with it set)
+            dp = _get(data, "hardware.data_parallel_size", 1)
+            if _get(data, "deployment.mode", "colocated") == "disaggregated":
+                raise ConfigError(f"{label}{what}, which a disaggregated deployment (deployment.mode: disaggregated) "
+                                  "does not use: search a role's instances with field: deployment.prefill.count or "
+                                  "field: deployment.decode.count")
+            if _get(data, "pools", None):
+                raise ConfigError(f"{label}{what}, which a deployment with pools does not use (each pool has its own "
+                                  "num_instances)")
+            if isinstance(dp, int) and dp > 1:
+                raise ConfigError(f"{label}{what} one instance at a time, but with hardware.data_parallel_size {dp} "
+                                  f"only multiples of {dp} are valid (each DP rank is an instance)")
+        if dotted == "workload.rate":
+            source = _get(data, "workload.source", "synthetic")
+            if source not in ("synthetic", "sessions"):
+                raise ConfigError(f"{label}{what}, which source {source!r} does not use: it replays the arrival times "
+                                  "of its trace (workload.rate is for source synthetic or sessions)")
+            if source == "synthetic" and _get(data, "workload.arrival_times", None):
+                raise ConfigError(f"{label}{what}, which this workload does not use: workload.arrival_times sets its "
+                                  "arrival times")
+        for end in (spec.low, spec.high):
+            v = _value(spec, end)
+            parse_experiment(_set(data, dotted, v), f"{where} [{name}: {dotted}={v}]", base_dir, data_dir)
+
+
+def _get(data: Any, dotted: str, default: Any) -> Any:
+    """The value at a dotted path of nested experiment fields, ``default`` where it is absent or null."""
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or data.get(part) is None:
+            return default
+        data = data[part]
+    return data
+
+
+def _probe(spec: SearchSpec, where: Path, out_dir: Path, name: str, data: dict, base_dir: Path, value: int | float,
+           data_dir: str | None, fresh: bool) -> Probe:
+    """One probe: read back from its complete folder when its configuration is unchanged (not ``fresh``), else
+    simulated into it (lab/report/sweep.py ``reuse_task`` / ``simulate_task``), then judged from its
+    ``requests.parquet``. Raises whatever the simulation raises."""
+    dotted = spec.field or _FIELDS[spec.find]
+    run = Run(group="probes", trace=name, variant=f"{dotted}={value!r}", data=_set(data, dotted, value),
+              source=f"{where} [{name}: {dotted}={value}]", base_dir=str(base_dir), data_dir=data_dir)
+    task = SweepTask(run=run, folder=str(check_out_dir(run_dir(out_dir, run))), config_hash=config_hash(run))
+    reused = not fresh and reuse_task(task) is not None
+    if not reused:
+        simulate_task(task)
+    figures = probe_figures(pd.read_parquet(Path(task.folder) / "requests.parquet"), spec.slo)
+    return Probe(value, meets(figures, spec.slo, spec.require_stable_queue), figures, reused)
+
+
+def run_search(spec: SearchSpec, where: Path, out_dir: Path, data_dir: str | Path | None = None,
+               on_probe: Callable[[str, Probe], None] | None = None, fresh: bool = False) -> list[SearchResult]:
+    """Run the search for every candidate (or the base alone), write ``search.md`` and ``search.json`` into
+    ``out_dir`` as one set (:func:`write_search`), and return the answers, cheapest first (fewest GPUs, then the
+    larger answer for a max search).
+
+    Every probe's folder is ``<out_dir>/probes/<candidate>/<field>=<value>/``; a probe whose folder is complete
+    with an unchanged configuration is reused (``Probe.reused``) unless ``fresh``, so a search interrupted or
+    re-run simulates only the probes it has not completed. ``on_probe(candidate, probe)`` is called after each.
+
+    Raises:
+        OutputDirError: ``out_dir`` is a file or holds files no servelab command writes (before any probe).
+        ConfigError: the base or a candidate is not a valid experiment, or the search cannot apply to it
+            (:func:`check_search`; before any probe), or the experiment refuses a value inside the bracket.
+        KeyboardInterrupt: the probes complete by then are kept for a re-run; the earlier outputs are left as they
+            were. Whatever a probe raises other than a deployment that cannot be built (PolicyError,
+            WorkloadError, ...).
+    """
+    out_dir = check_out_dir(Path(out_dir))
+    check_search(spec, where, data_dir)
+    dd = str(Path(data_dir).resolve()) if data_dir is not None else None
+    dotted = spec.field or _FIELDS[spec.find]
+    cands, base_dir = _candidates(spec, where)
     results = []
-    for name, over in (spec.candidates or {"base": {}}).items():
-        data = deep_merge(base, over)
+    for name, data in cands:
         result = SearchResult(name, None, None)
 
         def ok(value: float, data=data, result=result, name=name) -> bool:
-            v = int(value) if integer else value
-            exp = parse_experiment(_set(data, dotted, v), f"{where} [{name}: {dotted}={v}]", base_dir, data_dir)
-            figures = probe_figures(exp, spec.slo)
-            probe = Probe(v, meets(figures, spec.slo, spec.require_stable_queue), figures)
+            probe = _probe(spec, where, out_dir, name, data, base_dir, _value(spec, value), dd, fresh)
             result.probes.append(probe)
             if on_probe is not None:
                 on_probe(name, probe)
             return probe.ok
 
         try:
-            value = _bisect(ok, spec.low, spec.high, integer, spec.find == "min_instances", spec.tolerance)
-        except UnknownFieldError:
-            raise  # a typo in the search file: the user's to fix, not a deployment that cannot run
+            value = _bisect(ok, spec.low, spec.high, spec.find != "max_rate", spec.find == "min_instances",
+                            spec.tolerance)
+        except (ConfigError, OutputDirError):
+            raise  # the search file's or the output folder's fault, not a deployment that cannot run
         except ValueError as e:  # the candidate cannot be built (a model that does not fit, a bad layout)
             result.error = "; ".join(line.strip() for line in str(e).splitlines())
             results.append(result)
             continue
-        result.value = None if value is None else (int(value) if integer else value)
-        exp = parse_experiment(data, str(where), base_dir, data_dir)
-        result.gpus = _gpus(exp, result.value if spec.find == "min_instances" else None) \
-            if result.value is not None else None
+        if value is not None:
+            result.value = _value(spec, value)
+            result.gpus = _gpus(parse_experiment(_set(data, dotted, result.value), str(where), base_dir, dd))
         results.append(result)
     maximize = spec.find != "min_instances"
-    return sorted(results, key=lambda r: (r.value is None, r.gpus if r.gpus is not None else math.inf,
-                                          -(r.value or 0) if maximize else (r.value or 0)))
+    results.sort(key=lambda r: (r.value is None, r.gpus if r.gpus is not None else math.inf,
+                                -(r.value or 0) if maximize else (r.value or 0)))
+    write_search(spec, results, out_dir)
+    return results
+
+
+def search_json(results: list[SearchResult]) -> str:
+    """``search.json``: per candidate, cheapest first, its answer (``value``; null when not met in the bracket),
+    ``gpus``, ``error`` (why it cannot run, else empty) and every probe: ``value``, ``ok`` and the figures of
+    :func:`probe_figures` (seconds, shares in 0..1)."""
+    return json.dumps([{"candidate": r.candidate, "value": r.value, "gpus": r.gpus, "error": r.error,
+                        "probes": [{"value": p.value, "ok": p.ok, **p.figures} for p in r.probes]}
+                       for r in results], indent=1)
+
+
+def write_search(spec: SearchSpec, results: list[SearchResult], out_dir: Path) -> None:
+    """Write ``search.md`` and ``search.json`` into ``out_dir`` as one set, the probes' folders carried over
+    (lab/report/sweep.py ``replace_outputs``: one rename; a kill leaves the earlier pair or the new one).
+
+    Raises:
+        OutputDirError: ``out_dir`` is a file or holds files no servelab command writes.
+        OSError: a file cannot be written (``out_dir`` is then left as it was).
+    """
+    def write(folder: Path) -> None:
+        (folder / "search.md").write_text(search_markdown(spec, results))
+        (folder / "search.json").write_text(search_json(results))
+
+    replace_outputs(out_dir, write, keep=("probes",))
 
 
 def slo_text(slo: SearchSLO) -> str:

@@ -21,7 +21,8 @@ whose hash is unchanged is read back instead of simulated (``--fresh`` redoes th
 sweep; it is recorded with status ``failed`` and its one-line error. The sweep writes ``sweep.csv`` /
 ``sweep.parquet`` (one row per run: point, replication, seed, the axes, status, error, the metrics) and
 ``sweep_summary.csv`` (one row per point: each metric's mean over the successful replications and its 95 %
-confidence half-width, Student's t).
+confidence half-width, Student's t), and ``sweep.html``: the four replace the earlier ones as one set, in one rename of
+the output folder (:func:`replace_outputs`, which ``servelab search`` shares).
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ import itertools
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -44,8 +46,17 @@ from lab.experiment.simulation import simulate
 from lab.report.compare import RUN_META, ComparisonSpec, Run, comparison_runs, config_hash, run_dir
 from lab.report.executors import Executor, PoolExecutor
 from lab.report.html import write_sweep_html
-from lab.report.run_report import (OutputDirError, _json_default, atomic_dir, check_out_dir, collect,
-                                   remove_stale_temps, write_report)
+from lab.report import run_report
+from lab.report.run_report import (_json_default, atomic_dir, check_out_dir, collect, remove_stale_temps,
+                                   write_report)
+
+# What a sweep and a search write at the top of their output folder (the run records a re-run resumes from are the
+# folders "sweep" and "probes"). check_out_dir, which atomic_dir calls, must know them to replace such a folder
+# rather than refuse it as one holding other files; lab/report/run_report.py's OUTPUT_FILES does not list them yet,
+# so they are added to it here, where both commands import them from.
+SWEEP_OUTPUTS = frozenset({"sweep.csv", "sweep.parquet", "sweep_summary.csv", "sweep.html", "sweep"})
+SEARCH_OUTPUTS = frozenset({"search.md", "search.json", "probes"})
+run_report.OUTPUT_FILES = run_report.OUTPUT_FILES | SWEEP_OUTPUTS | SEARCH_OUTPUTS
 
 METRICS = ["request_throughput", "output_token_throughput", "ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99",
            "e2el_mean", "e2el_p99", "goodput", "slo_attainment", "num_preemptions", "num_finished"]
@@ -296,11 +307,10 @@ def sweep_tasks(runs: list[Run], out_dir: Path, plots: bool = False) -> list[Swe
     """A task per run, its folder ``<out_dir>/sweep/base/<variant>`` made absolute.
 
     Raises:
-        OutputDirError: ``out_dir`` is a file, or a run folder holds files no servelab run writes.
+        OutputDirError: ``out_dir`` is a file or a folder holding files no sweep writes, or a run folder holds files
+            no servelab run writes (checked here, before anything runs).
     """
-    out_dir = Path(os.path.abspath(out_dir))
-    if out_dir.exists() and not out_dir.is_dir():
-        raise OutputDirError(f"output folder {out_dir} exists and is not a folder; pass --out a folder path")
+    out_dir = check_out_dir(Path(out_dir))
     tasks = []
     for r in runs:
         folder = check_out_dir(run_dir(out_dir, r))
@@ -312,7 +322,8 @@ def sweep_tasks(runs: list[Run], out_dir: Path, plots: bool = False) -> list[Swe
 def run_sweep(spec: SweepSpec, cmp: ComparisonSpec, runs: list[Run], out_dir: Path, jobs: int | None = None,
               fresh: bool = False, progress: Callable[[SweepState], None] | None = None,
               executor: Executor | None = None, plots: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run (or resume) the sweep and write ``sweep.csv``, ``sweep.parquet`` and ``sweep_summary.csv``.
+    """Run (or resume) the sweep and write ``sweep.csv``, ``sweep.parquet``, ``sweep_summary.csv`` and
+    ``sweep.html`` as one set (:func:`replace_outputs`: the earlier set or the new one, never a mix).
 
     Every run whose folder is complete with an unchanged configuration is reused (``fresh``: none); the others go
     to ``executor`` (default: a local process pool of ``jobs`` workers, else the file's ``jobs``). A failed run
@@ -320,7 +331,8 @@ def run_sweep(spec: SweepSpec, cmp: ComparisonSpec, runs: list[Run], out_dir: Pa
     (``per_run.attrs["failed"]``: ``[(variant, error)]``; ``per_run.attrs["reused"]``: runs read back).
 
     Raises:
-        OutputDirError: a bad ``out_dir``. ExecutorError: the executor cannot start or broke down.
+        OutputDirError: a bad ``out_dir`` (before anything runs). ExecutorError: the executor cannot start or broke
+            down. OSError: a table cannot be written (the earlier set is then left as it was).
         KeyboardInterrupt / SystemExit (SIGTERM): the workers are stopped first; complete runs stay for a resume.
     """
     tasks = sweep_tasks(runs, out_dir, plots)
@@ -334,8 +346,14 @@ def run_sweep(spec: SweepSpec, cmp: ComparisonSpec, runs: list[Run], out_dir: Pa
         _execute(executor or PoolExecutor(jobs or spec.jobs), [tasks[i] for i in todo], todo, results, state,
                  progress)
     per_run, summary = sweep_tables(spec, runs, results)
-    _write_tables(Path(out_dir), per_run, summary)
-    write_sweep_html(Path(out_dir), spec.name, spec.axes, summary, METRICS, cmp.base.get("slo"), len(runs))
+
+    def write(folder: Path) -> None:
+        per_run.to_csv(folder / "sweep.csv", index=False)
+        per_run.to_parquet(folder / "sweep.parquet", index=False)
+        summary.to_csv(folder / "sweep_summary.csv", index=False)
+        write_sweep_html(folder, spec.name, spec.axes, summary, METRICS, cmp.base.get("slo"), len(runs))
+
+    replace_outputs(Path(out_dir), write, keep=("sweep",))
     per_run.attrs["reused"] = state.reused
     per_run.attrs["failed"] = [(runs[i].variant, res["error"]) for i, res in enumerate(results) if "error" in res]
     return per_run, summary
@@ -376,14 +394,33 @@ def _folder_missing(task: SweepTask) -> str | None:
             "system every worker shares")
 
 
-def _write_tables(out_dir: Path, per_run: pd.DataFrame, summary: pd.DataFrame) -> None:
-    """sweep.csv, sweep.parquet and sweep_summary.csv, each written beside and renamed into place."""
-    for name, write in (("sweep.csv", lambda p: per_run.to_csv(p, index=False)),
-                        ("sweep.parquet", lambda p: per_run.to_parquet(p, index=False)),
-                        ("sweep_summary.csv", lambda p: summary.to_csv(p, index=False))):
-        tmp = out_dir / f".{name}.tmp-{os.getpid()}"
-        try:
-            write(tmp)
-            os.replace(tmp, out_dir / name)
-        finally:
-            tmp.unlink(missing_ok=True)
+def replace_outputs(out_dir: Path, write: Callable[[Path], None], keep: Sequence[str] = ()) -> None:
+    """Replace the output folder ``out_dir`` by what ``write(folder)`` writes into a new folder, as one set: one
+    rename (lab/report/run_report.py ``atomic_dir``, as ``servelab run`` writes its folder), so that a failure or a
+    kill, even ``kill -9``, leaves the earlier folder whole or the new one, never a mix of old and new files.
+
+    The subfolders named in ``keep`` (the run records a re-run resumes from: a sweep's ``sweep``, a search's
+    ``probes``) are carried into the new folder before the rename, their files as hard links (copies where the
+    file system has none, or files on another device), so that the earlier folder holds them until the rename and
+    the new one from it on; temporary folders of killed runs in them are left behind. Anything else of the earlier
+    folder is gone after the rename.
+
+    Raises:
+        OutputDirError: ``out_dir`` is a file, or a folder holding files that no servelab command writes.
+        OSError: a file cannot be written or linked; whatever ``write`` raises. ``out_dir`` is then left as it was.
+    """
+    out_dir = Path(out_dir)
+    with atomic_dir(out_dir) as tmp:
+        write(tmp)
+        for name in keep:
+            if (out_dir / name).is_dir():
+                shutil.copytree(out_dir / name, tmp / name, symlinks=True, copy_function=_link_or_copy,
+                                ignore=shutil.ignore_patterns(".*.tmp-*", ".*.old-*"))
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard-link ``src`` at ``dst``, or copy it (with its times) where a link cannot be made. Raises OSError."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
