@@ -320,7 +320,9 @@ OUTPUT_FILES = frozenset({
     "requests.parquet", "requests.csv", "steps.parquet", "events.parquet", "summary.json", "report.md", "report.html",
     "bench_result.json",
     "latency_cdf.png", "timeseries.png", "run.json", "validation.json", "validation.md", "validation_requests.csv",
-    "validation_timeseries.csv", "validation_latency.png", "validation_timeseries.png", "validation_breakdown.png"})
+    "validation_timeseries.csv", "validation_latency.png", "validation_timeseries.png", "validation_breakdown.png",
+    # a sweep's tables and run records (lab/report/sweep.py) and a search's answer and probes (lab/report/search.py)
+    "sweep.csv", "sweep.parquet", "sweep_summary.csv", "sweep.html", "sweep", "search.md", "search.json", "probes"})
 
 
 def check_out_dir(path: Path) -> Path:

@@ -46,17 +46,8 @@ from lab.experiment.simulation import simulate
 from lab.report.compare import RUN_META, ComparisonSpec, Run, comparison_runs, config_hash, run_dir
 from lab.report.executors import Executor, PoolExecutor
 from lab.report.html import write_sweep_html
-from lab.report import run_report
 from lab.report.run_report import (_json_default, atomic_dir, check_out_dir, collect, remove_stale_temps,
                                    write_report)
-
-# What a sweep and a search write at the top of their output folder (the run records a re-run resumes from are the
-# folders "sweep" and "probes"). check_out_dir, which atomic_dir calls, must know them to replace such a folder
-# rather than refuse it as one holding other files; lab/report/run_report.py's OUTPUT_FILES does not list them yet,
-# so they are added to it here, where both commands import them from.
-SWEEP_OUTPUTS = frozenset({"sweep.csv", "sweep.parquet", "sweep_summary.csv", "sweep.html", "sweep"})
-SEARCH_OUTPUTS = frozenset({"search.md", "search.json", "probes"})
-run_report.OUTPUT_FILES = run_report.OUTPUT_FILES | SWEEP_OUTPUTS | SEARCH_OUTPUTS
 
 METRICS = ["request_throughput", "output_token_throughput", "ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99",
            "e2el_mean", "e2el_p99", "goodput", "slo_attainment", "num_preemptions", "num_finished"]
