@@ -207,9 +207,11 @@ class Cluster:
         inst.add_request(request)
 
     def _enter(self, request: Request, inst: Instance) -> None:
+        """The request joins ``inst``'s pool: with a hand-off rule it leaves after producing
+        ``after_output_tokens`` more tokens here (or at ``max_tokens``)."""
         rule = self.pools[inst.pool].hand_off  # every instance belongs to one of the pools
         if rule is not None:
-            request.stop_at = min(request.max_tokens, rule.after_output_tokens)
+            request.stop_at = min(request.max_tokens, request.num_output_tokens + rule.after_output_tokens)
 
     def _leave(self, request: Request) -> None:
         """A request reached its pool's hand-off point: its source instance pins its blocks for the target to read
