@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.servelab-installed
 NATIVE := $(VENV)/.servelab-native
 
-.PHONY: demo test calibration-checks bench clean bytecode
+.PHONY: demo test calibration-checks composition bench clean bytecode
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,15 @@ test: bytecode
 
 calibration-checks: bytecode
 	$(BIN)/python -m pytest -m calibration_check
+
+# The long composition run (make test runs a short profile of it: tests/test_composition_property.py): 5,000 seeded
+# feature combinations, each run with fast-forward on and off against the invariants of tests/composition.py; prints
+# ok / refused by reason / failed by class, writes one reproducer per failure class to /tmp/composition_failures,
+# exits 1 on any failure.
+COMPOSITION_DRAWS ?= 5000
+COMPOSITION_JOBS ?= 2
+composition: bytecode
+	$(BIN)/python bench/composition_run.py $(COMPOSITION_DRAWS) --jobs $(COMPOSITION_JOBS)
 
 bench: bytecode
 	$(BIN)/servelab bench
