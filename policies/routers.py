@@ -37,7 +37,7 @@ from lab.core.sched_api import InstanceView, RouterBase
 
 
 def _outstanding_requests(inst: InstanceView) -> int:
-    return len(inst.running) + len(inst.waiting)
+    return inst.num_outstanding_requests
 
 
 def _argmin(values: list) -> int:

@@ -24,6 +24,10 @@ class FakeInstance:
         self.waiting = [None] * waiting
         self.num_outstanding_tokens = tokens
 
+    @property
+    def num_outstanding_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
 
 def test_prefix_aware_routing_sends_a_repeated_prefix_to_the_instance_that_cached_it():
     prefix = list(range(1000, 1512))
@@ -139,3 +143,15 @@ def test_session_affinity_with_a_csv_session_column(tmp_path):
     for r in reqs:
         by_session.setdefault(r.session_id, set()).add(r.instance_id)
     assert all(len(v) == 1 for v in by_session.values()) and len({next(iter(v)) for v in by_session.values()}) == 3
+
+
+def test_least_requests_counts_requests_waiting_for_their_kv_read_on_a_decode_instance():
+    # four requests prefilled in one step reach D at one instant: each waits for its KV read there (vLLM keeps it in
+    # `waiting`), so least_requests spreads them two and two
+    exp = parse_experiment({"name": "pd_router", "workload": {
+        "num_requests": 4, "rate": float("inf"), "prompt_tokens": {"kind": "constant", "value": 256, "max": 256},
+        "output_tokens": {"kind": "constant", "value": 50, "max": 50}},
+        "deployment": {"mode": "disaggregated", "prefill": {"count": 1},
+                       "decode": {"count": 2, "router": "least_requests"}}, "simulation": {"progress": False}})
+    res = simulate(exp)
+    assert sorted(r.served_by[-1] for r in res.requests) == [1, 1, 2, 2]

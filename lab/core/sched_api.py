@@ -381,6 +381,12 @@ class InstanceView(Protocol):
         """Tokens still to compute or generate for every request on this instance."""
         ...
 
+    @property
+    def num_outstanding_requests(self) -> int:
+        """Requests on this instance in any state: running, waiting, holding KV that arrived, waiting for a KV read
+        (vLLM counts a request waiting for remote KV among its waiting requests)."""
+        ...
+
 
 @runtime_checkable
 class Router(Protocol):

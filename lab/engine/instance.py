@@ -330,6 +330,13 @@ class Instance:
                 total += r.total_tokens
         return total
 
+    @property
+    def num_outstanding_requests(self) -> int:
+        """:meth:`InstanceView.num_outstanding_requests`: running, waiting, KV-holding, waiting for a KV read or a
+        load from the CPU tier."""
+        n = len(self.running) + len(self.waiting) + len(self.kv_holding) + len(self.remote_pending)
+        return n + (len(self.kv_offload.loads) if self.kv_offload is not None else 0)
+
     # ---- arrivals and hand-offs ----
     def add_request(self, request: Request) -> None:
         """Accept an arriving request, or reject it with a reason if it can never be served."""
