@@ -749,13 +749,13 @@ def instrumented(recorder: Recorder) -> Iterator[Recorder]:
             rec.note_entry(request, self.pool, "add")
         return orig["add_request"](self, request)
 
-    def receive(self, request):
+    def receive(self, request, at=None):
         rec = _ACTIVE
         if rec is not None:
             rec.register(self, request)
             check_received(rec, request, self)
             rec.note_entry(request, self.pool, "receive")
-        return orig["receive"](self, request)
+        return orig["receive"](self, request, at)
 
     def finish_step(self, step):
         out = orig["finish_step"](self, step)

@@ -180,3 +180,13 @@ def test_the_example_user_policy_serves_a_decode_instance_and_one_without_kv_hol
     exp = parse_experiment(_exp(policy=f"{plain}:ShortestPromptFirst", deployment=pd), source="u.yaml")
     with pytest.raises(ConfigError, match="does not support prefill/decode disaggregation .*admits_kv_holding"):
         simulate(exp)
+
+
+def test_a_trace_file_replays_through_pd_and_pools(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0.0,100,10\n0.1,200,20\n0.2,50,5\n")
+    for layout in ({"deployment": {"mode": "disaggregated", "prefill": {"count": 1}, "decode": {"count": 1}}},
+                   {"pools": [{"name": "a", "hand_off": {"to": "b", "after_output_tokens": 3}}, {"name": "b"}]}):
+        exp = parse_experiment({"name": "t", "workload": {"source": "csv", "path": str(trace)}, **layout})
+        res = _runs_clean(exp)
+        assert [r.num_output_tokens for r in res.requests] == [10, 20, 5]

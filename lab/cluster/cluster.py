@@ -221,24 +221,26 @@ class Cluster:
         self.num_hand_offs += 1
         if rule.transfer is not None:
             self._pin(request, rule.transfer)  # its blocks leave the request, pinned on the source
-        self.by_id[request.instance_id].kv.free(request, finished=True)
+        source = self.by_id[request.instance_id]
+        source.kv.free(request, finished=True)
+        at = source.now + rule.delay_s  # the exact instant it reaches the next pool
         if rule.delay_s > 0:
-            self.env.process(self._deliver_later(request, rule))
+            self.env.process(self._deliver_later(request, rule, at))
         else:
-            self._deliver(request, rule.to)
+            self._deliver(request, rule.to, at)
 
-    def _deliver_later(self, request: Request, rule: HandOff):
+    def _deliver_later(self, request: Request, rule: HandOff, at: float):
         yield self.env.timeout(rule.delay_s)
-        self._deliver(request, rule.to)
+        self._deliver(request, rule.to, at)
 
-    def _deliver(self, request: Request, pool_name: str) -> None:
+    def _deliver(self, request: Request, pool_name: str, at: float) -> None:
         pool = self.pools[pool_name]
         idx = 0 if len(pool.instances) == 1 else _checked(
             pool.router, pool.router.route(request, pool.views, self.env.now), len(pool.instances))
         inst = pool.instances[idx]
         request.stop_at = request.max_tokens
         self._enter(request, inst)
-        inst.receive(request)
+        inst.receive(request, at)
 
     # ---- prefill/decode disaggregation (vLLM NIXL pull; shared/specs/vllm-v1-scheduling.md §5) ----
     def _pin(self, request: Request, cost: TransferCost) -> None:

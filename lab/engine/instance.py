@@ -253,6 +253,7 @@ class Instance:
             running.remove(request)
         lost = request.num_computed_tokens
         swapped = self.config.preemption_mode == "swap" and self.swap.swap_out(request)
+        self._drop_in_flight(request)
         self.kv.free(request)
         if self.kv_offload is not None:  # its stores in flight finish before its blocks are reused
             self.kv_offload.preempted(request, self.now)
@@ -390,9 +391,10 @@ class Instance:
         if self.all_content_unique and not unique_content(request):
             self.all_content_unique = False
 
-    def receive(self, request: Request) -> None:
+    def receive(self, request: Request, at: float | None = None) -> None:
         """Take over a request handed on from another instance with its computed state: it keeps its tokens,
         timings and ``num_computed_tokens`` (its KV arrived with it) and waits here like a swapped-in request.
+        ``at``: the exact instant it arrives (seconds: the hand-off's step end plus the hand-off delay).
 
         Raises:
             RuntimeError: the request still holds blocks of the instance it left (blocks are released only by the
@@ -402,30 +404,35 @@ class Instance:
             raise RuntimeError(f"request {request.request_id} reached instance {self.instance_id} holding "
                                f"{len(request.blocks)} KV block(s) of instance {request.instance_id}")
         deferred = self._before_arrival()
+        now = self.now
+        if at is not None and at > now:  # SimPy's clock may be one ulp behind the exact hand-off instant
+            now = at
+            if not self.window.steps:
+                self.clock = at
         source = request.pool
         self._take_over(request)
         reason = self.rejection_reason(request)
         if reason:
             if deferred:
                 self._plan.deferred_arrivals -= 1
-            self._reject(request, reason)
+            self._reject(request, reason, now)
             return
         request.status = RequestStatus.WAITING
         remote = request.remote
         if remote is not None:  # disaggregated: wait for blocks, then read the KV (vLLM WAITING_FOR_REMOTE_KVS)
             if deferred:  # it waits for its KV read, not in the waiting queue the jump's last step counts
                 self._plan.deferred_arrivals -= 1
-            remote.times["d_arrived"] = self.now
+            remote.times["d_arrived"] = now
             remote.d_instance = self.instance_id
             if request.events is not None:
-                request.events.append((self.now, "received", f"remote KV of {remote.num_tokens} tokens on "
-                                                              f"instance {remote.source.instance_id}"))
+                request.events.append((now, "received", f"remote KV of {remote.num_tokens} tokens on "
+                                                         f"instance {remote.source.instance_id}"))
             self.remote_pending.append(request)
             self.wake()
             return
         if request.events is not None:
-            request.events.append((self.now, "received", f"{request.num_computed_tokens} computed tokens "
-                                                          f"from pool {source or '-'}"))
+            request.events.append((now, "received", f"{request.num_computed_tokens} computed tokens "
+                                                     f"from pool {source or '-'}"))
         self.waiting.add(request)
         self.wake()
 
@@ -558,13 +565,17 @@ class Instance:
     def peak_kv_tokens(self, request: Request) -> int:
         """The most KV slots ``request`` holds here at once (tokens): its last decode step computes up to
         ``prompt + output - 1`` tokens plus k drafts and reserves ``num_lookahead_tokens`` more slots for the
-        drafter (vLLM ``allocate_slots``), capped at ``max_model_len`` as vLLM caps the allocation. A request whose
-        peak does not fit an empty cache would preempt itself at its last steps for ever."""
+        drafter (vLLM ``allocate_slots``), capped at ``max_model_len`` as vLLM caps the allocation. Under async
+        scheduling that step is scheduled while the one before it is in flight, whose k drafts are counted as
+        computed (placeholders) until its output comes back: k more. A request whose peak does not fit an empty
+        cache would preempt itself at its last steps for ever."""
         k = self.acceptance.num_speculative_tokens if self.acceptance is not None else 0
+        if self.async_scheduling:
+            k *= 2
         peak = request.total_tokens - 1 + k + self.config.num_lookahead_tokens
         return min(peak, self.config.max_model_len)
 
-    def _reject(self, request: Request, reason: str) -> None:
+    def _reject(self, request: Request, reason: str, at: float | None = None) -> None:
         if request.swapped_tokens:  # its KV copy in CPU memory is dropped
             self.swap.drop(request)
         if request.remote is not None:  # the KV pinned on its prefill instance is not needed any more
@@ -575,7 +586,7 @@ class Instance:
         request.reason = reason
         request.finish_time = None
         if request.events is not None:
-            request.events.append((self.now, "rejected"))
+            request.events.append((self.now if at is None else at, "rejected"))
         if self.on_done:
             self.on_done(request)
 
@@ -651,7 +662,25 @@ class Instance:
 
     def set_hand_off(self, callback: Callable[[Request], None]) -> None:
         """Where requests that leave this instance for another pool go (lab/cluster/cluster.py)."""
-        self.outputs.on_hand_off = callback
+        def leave(request: Request) -> None:
+            self._drop_in_flight(request)
+            callback(request)
+        self.outputs.on_hand_off = leave
+
+    def _drop_in_flight(self, request: Request) -> None:
+        """``request`` leaves the running set (preempted, or handed on to another pool) while steps that compute
+        it may still be in flight (async scheduling, PP): those steps' outputs for it are dropped — no token, no
+        placeholder released — as vLLM discards the output of a request it no longer runs. Without this a step in
+        flight would apply its tokens to the request after it was re-admitted here or admitted by another pool."""
+        for step in self.window.steps:
+            reqs = step.requests
+            for i in range(len(reqs)):
+                if reqs[i] is request:
+                    step.samples = samples = list(step.samples)  # (lists may be shared between planned steps)
+                    samples[i] = False
+                    step.num_new_tokens = news = list(step.num_new_tokens)
+                    news[i] = 0
+        request.inflight_tokens = 0
 
     # ---- one step: schedule, price, apply ----
     def schedule_step(self) -> ScheduledStep | None:

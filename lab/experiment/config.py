@@ -742,6 +742,7 @@ def pool_experiments(exp: Experiment) -> list[tuple[PoolConfig | None, Experimen
     if not exp.pools:
         return [(None, exp)]
     base = exp.model_dump(exclude={"pools", "deployment"})
+    base["workload"] = exp.workload.model_dump(exclude_unset=True)  # its checks read which fields were set
     out: list[tuple[PoolConfig | None, Experiment]] = []
     for i, pool in enumerate(exp.pools):
         data = dict(base)
