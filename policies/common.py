@@ -6,7 +6,8 @@ These are helpers on top of the :class:`lab.sched_api.EngineView` mechanisms; a 
 Victim rules (``policy.preemption.victim``), applied to the running list (admission order):
 
 - ``last``: the last admitted request (vLLM V1 FCFS, vLLM V0, Sarathi-Serve: ``running.pop(-1)``).
-- ``lowest_priority``: the largest ``(priority, arrival_time)`` (vLLM V1 priority policy).
+- ``lowest_priority``: the largest ``(priority, arrival_time, index)`` (vLLM V1 priority policy; requests that
+  arrive at one instant are told apart by arrival order, as vLLM's own timestamps, taken as each is added, do).
 - ``most_kv``: the request holding the most KV blocks (frees the most memory with one preemption); ties go to
   the later admitted. Among the requester and those admitted after it (see :func:`pick_victim`).
 - ``least_progress``: the request with the fewest generated tokens, then the longest prompt (least work lost
@@ -108,7 +109,7 @@ def pick_victim(running: list[Request], rule: str, requester: Request | None = N
         return running[-1]
     n = len(running)
     if rule == "lowest_priority":
-        return max(running, key=lambda q: (q.priority, q.arrival_time))
+        return max(running, key=lambda q: (q.priority, q.arrival_time, q.index))
     if rule == "most_kv":
         i = max(range(n), key=lambda k: (len(running[k].blocks), k))
         return running[i]
