@@ -358,9 +358,10 @@ def ep_dispatch_combine(link: LinkSpec, tokens: Sequence[float], hidden: int, to
 
 # ------------------------------------------------------------------------------------------ catalog
 def _entry(hw_name: str) -> dict:
-    from lab.costmodel.hardware import _catalog, load_hardware
+    """The catalog entry of a packaged or user GPU (lab/costmodel/hardware.py ``hardware_entry``)."""
+    from lab.costmodel.hardware import hardware_entry
 
-    return _catalog()[load_hardware(hw_name).name]
+    return hardware_entry(hw_name)
 
 
 def scale_up_link(hw_name: str) -> LinkSpec:

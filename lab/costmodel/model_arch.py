@@ -303,8 +303,33 @@ def model_names() -> list[str]:
     return sorted(_catalog())
 
 
+def hf_model_name(path: str | Path, cfg: dict[str, Any]) -> str:
+    """The name a Hugging Face config.json gives its model, for reports and ``model_id``:
+
+    1. its ``_name_or_path`` (as Transformers writes it): a hub id as written (``meta-llama/Llama-3.1-8B``), the
+       last folder of a local path (``/models/Llama-3.1-8B/`` -> ``Llama-3.1-8B``);
+    2. else, for a file named ``config.json``, its folder's name (the hub layout ``<model>/config.json``);
+    3. else the file's name without its extension (``configs/qwen3_32b.json`` -> ``qwen3_32b``).
+    """
+    p = Path(path).expanduser().resolve()
+    given = cfg.get("_name_or_path")
+    if isinstance(given, str) and given.strip():
+        given = given.strip().rstrip("/\\")
+        local = given.startswith(("/", ".", "~")) or "\\" in given or given.count("/") > 1 or ":" in given
+        last = given.replace("\\", "/").rsplit("/", 1)[-1]
+        if (last if local else given).strip():
+            return last if local else given
+    if p.name == "config.json" and p.parent.name:
+        return p.parent.name
+    return p.stem or p.name
+
+
 def load_model(name: str | None = None, hf_config: str | Path | None = None) -> ModelArch:
     """Look a model up by catalog name or alias, or read a Hugging Face ``config.json``.
+
+    Args:
+        name: a catalog name or alias; with ``hf_config``, only the model's label (None: :func:`hf_model_name`).
+        hf_config: a Hugging Face config.json.
 
     Raises:
         ValueError: unknown name (the message lists the catalog), or a config file lacking a required field.
@@ -315,7 +340,7 @@ def load_model(name: str | None = None, hf_config: str | Path | None = None) -> 
         if not path.is_file():
             raise FileNotFoundError(f"model.hf_config: {path} does not exist")
         cfg = json.loads(path.read_text())
-        return _from_hf(name or cfg.get("_name_or_path") or path.parent.name, cfg, str(path))
+        return _from_hf(name or hf_model_name(path, cfg), cfg, str(path))
     if name is None:
         raise ValueError("model: give a catalog name or hf_config")
     cat = _catalog()

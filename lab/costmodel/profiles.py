@@ -299,7 +299,7 @@ def gpu_name(name: str, where: str) -> str:
         except ValueError:
             continue
     raise ProfileError(f"{where}: GPU {name!r} is not in the hardware catalog (add it or an alias to "
-                       "lab/catalog/hardware.yaml)")
+                       "lab/catalog/hardware.yaml, or to the experiment's hardware.gpu_catalog)")
 
 
 # ------------------------------------------------------------------------------------------------ servelab

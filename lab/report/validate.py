@@ -14,6 +14,8 @@ Measured formats (``validation.format``):
   the ``vllm_bench`` workload source numbers requests the same way).
 
 The error of a statistic is (simulated − measured) / measured; a request's relative error is the same per request.
+The whole run's duration and request / output throughput are compared too (``report["run"]``); a figure the
+measured file does not give is reported as "not in the measured file".
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from lab.report.metrics import requests_frame
-from lab.report.plots import pyplot
+from lab.report.plots import draw_slo, pyplot, series_style
 from lab.report.run_report import atomic_dir, check_out_dir, steps_frame, write_report
 
 
@@ -44,7 +46,10 @@ _TIMESERIES_LABELS = {"running": "running requests", "waiting": "waiting request
 
 def load_measured(path: str | Path, fmt: str = "llmservingsim") -> pd.DataFrame:
     """Measured per-request table: request_id, prompt_tokens, output_tokens, ttft, tpot, e2el (seconds) and, when
-    known, arrival_time / first_token_time / finish_time relative to the first request.
+    known, arrival_time / first_token_time / finish_time relative to the first request. ``attrs["run"]`` holds the
+    whole run's figures: ``duration_s`` (first queue entry to the last token; vllm_bench: the file's ``duration``),
+    ``request_throughput`` (req/s), ``output_throughput`` (tok/s) and ``completed``; None where the file does not
+    give them.
 
     Raises:
         ValidationError: missing file, bad JSON, missing keys, or an unknown format.
@@ -89,7 +94,22 @@ def _load_llmservingsim(path: Path) -> pd.DataFrame:
     out["ttft"] = out["first_token_time"] - out["arrival_time"]
     out["e2el"] = out["finish_time"] - out["arrival_time"]
     out["tpot"] = _tpot(out["e2el"], out["ttft"], out["output_tokens"])
+    duration = float(out["finish_time"].max() - out["arrival_time"].min())  # first queue entry to the last token
+    out.attrs["run"] = _run_figures(duration, len(out), float(out["output_tokens"].sum()))
     return out
+
+
+def _run_figures(duration: float | None, completed: int | None, output_tokens: float | None,
+                 request_throughput: float | None = None, output_throughput: float | None = None) -> dict:
+    """A measured run's duration (s), request and output-token throughput (req/s, tok/s) and completed requests;
+    throughputs not given are derived from the duration where it is known; None: unknown."""
+    ok = duration is not None and duration > 0
+    if request_throughput is None and ok and completed is not None:
+        request_throughput = completed / duration
+    if output_throughput is None and ok and output_tokens is not None:
+        output_throughput = output_tokens / duration
+    return {"duration_s": duration, "request_throughput": request_throughput,
+            "output_throughput": output_throughput, "completed": completed}
 
 
 def _load_vllm_bench(path: Path) -> pd.DataFrame:
@@ -117,7 +137,17 @@ def _load_vllm_bench(path: Path) -> pd.DataFrame:
     out = out[[not e for e in errors]].copy() if len(errors) == n else out
     out["e2el"] = out["ttft"] + itl_sum[out.index]
     out["tpot"] = _tpot(out["e2el"], out["ttft"], out["output_tokens"])
-    return out.reset_index(drop=True)
+    out = out.reset_index(drop=True)
+
+    def number(key: str) -> float | None:
+        v = d.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) else None
+
+    completed = number("completed")
+    out.attrs["run"] = _run_figures(number("duration"), int(completed) if completed is not None else len(out),
+                                    number("total_output_tokens"), number("request_throughput"),
+                                    number("output_throughput"))
+    return out
 
 
 def _tpot(e2el: pd.Series, ttft: pd.Series, out: pd.Series) -> np.ndarray:
@@ -242,6 +272,60 @@ def compare_timeseries(measured: pd.DataFrame, simulated: pd.DataFrame) -> dict:
     return out
 
 
+# The whole-run figures compared: key in report["run"], label, unit, key in the simulated summary.json.
+RUN_FIGURES = (("duration_s", "duration", "s", "duration_s"),
+               ("request_throughput", "request throughput", "req/s", "request_throughput"),
+               ("output_throughput", "output throughput", "tok/s", "output_token_throughput"))
+NOT_MEASURED = "not in the measured file"
+
+
+def compare_run(measured_run: dict | None, summary: dict) -> dict:
+    """Duration (s, first arrival to last token), request throughput (req/s) and output throughput (tok/s) of the
+    whole run, measured vs simulated.
+
+    Args:
+        measured_run: the measured file's figures (``load_measured(...).attrs["run"]``; None entries unknown).
+        summary: the simulated run's summary (summary.json: ``duration_s``, ``request_throughput``,
+            ``output_token_throughput``).
+
+    Returns:
+        {key: {"measured": float | None, "simulated": float, "error_pct": float | None}} for each of
+        :data:`RUN_FIGURES`; ``measured`` None (and no error) when the measured file does not give it.
+    """
+    measured_run = measured_run or {}
+    out = {}
+    for key, _, _, sim_key in RUN_FIGURES:
+        mv, sv = measured_run.get(key), summary.get(sim_key)
+        err = (sv - mv) / mv * 100 if mv and sv is not None else None
+        out[key] = {"measured": mv, "simulated": sv, "error_pct": err}
+    return out
+
+
+def run_rows(report: dict) -> list[tuple[str, str, str, str]]:
+    """(label, measured, simulated, error) text of the whole-run figures, for the console and validation.md; a
+    figure the measured file lacks reads :data:`NOT_MEASURED`, never None."""
+    rows = []
+    for key, label, unit, _ in RUN_FIGURES:
+        r = (report.get("run") or {}).get(key)
+        if r is None or r.get("simulated") is None:
+            continue
+        fmt = {"s": "{:.1f}", "req/s": "{:.2f}", "tok/s": "{:.0f}"}[unit]
+        meas = NOT_MEASURED if r["measured"] is None else f"{fmt.format(r['measured'])} {unit}"
+        err = "–" if r["error_pct"] is None else f"{r['error_pct']:+.1f}"
+        rows.append((label, meas, f"{fmt.format(r['simulated'])} {unit}", err))
+    return rows
+
+
+def kv_capacity_line(kv: dict) -> str:
+    """One sentence on the KV blocks: simulated with, derived, measured; an unknown figure is said in words."""
+    derived = kv.get("derived")
+    measured = kv.get("measured")
+    if measured is None:
+        measured = "not recorded (no meta.json block count beside the measured file; validation.num_gpu_blocks unset)"
+    return (f"KV capacity: simulated with {kv.get('used')} blocks; derived from first principles "
+            f"{derived if derived is not None else 'not derived for this run'}; measured {measured}.")
+
+
 def write_validation(report: dict, out_dir: Path) -> None:
     """Write validation.json (statistics) and validation_requests.csv (per-request measured vs simulated)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -255,8 +339,9 @@ def write_validation(report: dict, out_dir: Path) -> None:
             out_dir / "validation_timeseries.csv", index=False)
 
 
-def plot_validation(report: dict, out_dir: Path) -> list[str]:
-    """Per-request error CDFs, measured vs simulated latency CDFs, time series and the time breakdown."""
+def plot_validation(report: dict, out_dir: Path, slo=None) -> list[str]:
+    """Per-request error CDFs, measured vs simulated latency CDFs (with the experiment's SLO bounds, ``slo``, as
+    vertical lines), time series and the time breakdown; returns the PNG file names."""
     plt = pyplot()
 
     files = []
@@ -264,10 +349,12 @@ def plot_validation(report: dict, out_dir: Path) -> list[str]:
     fig, axes = plt.subplots(2, 3, figsize=(15, 7))
     for k, m in enumerate(("ttft", "tpot", "e2el")):
         ax = axes[0, k]
-        for col, lab in ((f"{m}_meas", "measured"), (f"{m}_sim", "simulated")):
+        for i, (col, lab) in enumerate(((f"{m}_meas", "measured"), (f"{m}_sim", "simulated"))):
             v = np.sort(j[col].dropna().to_numpy() * 1000)
             if len(v):
-                ax.plot(v, np.arange(1, len(v) + 1) / len(v), label=lab)
+                ax.plot(v, np.arange(1, len(v) + 1) / len(v), label=lab, **series_style(i))
+        draw_slo(ax, slo, m)
+        ax.locator_params(axis="x", nbins=6)  # six-digit millisecond labels would run together
         ax.set_xlabel(f"{m.upper()} (ms)")
         ax.set_ylabel("CDF")
         ax.set_title(f"{m.upper()}: measured vs simulated", fontsize=10)
@@ -293,8 +380,8 @@ def plot_validation(report: dict, out_dir: Path) -> list[str]:
         cols = [c for c in ("running", "waiting", "kv_cache_pct", "gen_throughput", "prompt_throughput") if c in meas]
         fig, axes = plt.subplots(len(cols), 1, figsize=(11, 2.4 * len(cols)), sharex=True)
         for ax, c in zip(np.atleast_1d(axes), cols):
-            ax.plot(meas["t"], meas[c], label="measured")
-            ax.plot(sim["t"], sim[c], label="simulated", alpha=0.8)
+            ax.plot(meas["t"], meas[c], label="measured", **series_style(0))
+            ax.plot(sim["t"], sim[c], label="simulated", alpha=0.8, **series_style(1))
             ax.set_ylabel(_TIMESERIES_LABELS[c])
             ax.set_title(f"{_TIMESERIES_LABELS[c]}, 1-s buckets", fontsize=10)
             ax.grid(alpha=0.3)
@@ -330,6 +417,11 @@ def validation_markdown(name: str, report: dict, files: list[str]) -> str:
             r = report["metrics"][m][s]
             lines.append(f"| {m.upper()} {s} | {r['measured'] * 1000:.1f} | {r['simulated'] * 1000:.1f} | "
                          f"{r['error_pct']:+.1f} % |")
+    rows = run_rows(report)
+    if rows:
+        lines += ["", "The whole run (duration: first arrival to last token):", "",
+                  "| figure | measured | simulated | error |", "|---|---:|---:|---:|"]
+        lines += [f"| {label} | {m} | {sim} | {err if err == '–' else err + ' %'} |" for label, m, sim, err in rows]
     lines += ["", "Per-request relative error (%): signed mean, median and p90 of |error|", "",
               "| metric | mean | abs p50 | abs p90 |", "|---|---:|---:|---:|"]
     for m, r in report["per_request_error_pct"].items():
@@ -337,8 +429,7 @@ def validation_markdown(name: str, report: dict, files: list[str]) -> str:
             lines.append(f"| {m.upper()} | {r['mean']:+.1f} | {r['abs_p50']:.1f} | {r['abs_p90']:.1f} |")
     kv = report.get("kv_capacity")
     if kv:
-        lines += ["", f"KV capacity: simulated with {kv['used']} blocks; derived from first principles "
-                      f"{kv.get('derived')}; measured {kv.get('measured')}."]
+        lines += ["", kv_capacity_line(kv)]
     ts = report.get("timeseries")
     if ts:
         lines += ["", "Time series (1-s buckets; mean measured / mean simulated / mean |difference|):", ""]
@@ -388,9 +479,10 @@ def _compare_and_write(exp, result, measured: pd.DataFrame, measured_path: Path,
                        out_dir: Path, plots: bool) -> dict:
     """run_validation after the run: the run's report, the comparison, its files and plots into ``out_dir``."""
     v = exp.validation
-    write_report(result, out_dir, plots=plots, atomic=False)
+    summary = write_report(result, out_dir, plots=plots, atomic=False)
     sim_requests = requests_frame(result.requests)
     report = compare(measured, sim_requests)
+    report["run"] = compare_run(measured.attrs.get("run"), summary)
     dep = result.deployment
     report["kv_capacity"] = {
         "used": dep.num_gpu_blocks,
@@ -412,6 +504,6 @@ def _compare_and_write(exp, result, measured: pd.DataFrame, measured_path: Path,
         s = sum(totals.values())
         report["time_breakdown"] = {"seconds": totals, "share": {k: val / s for k, val in totals.items()}}
     write_validation(report, out_dir)
-    files = plot_validation(report, out_dir) if plots else []
+    files = plot_validation(report, out_dir, exp.slo) if plots else []
     (out_dir / "validation.md").write_text(validation_markdown(exp.name, report, files))
     return report
