@@ -53,12 +53,35 @@ def test_tables_and_resume(tmp_path):
     assert len(per_run) == 8 and {"workload.rate", "engine.max_num_seqs", "replication"} <= set(per_run.columns)
     assert len(summary) == 4 and summary["replications"].tolist() == [2, 2, 2, 2]
     row = summary.iloc[3]
-    vals = per_run[per_run["point"] == 3]["ttft_mean"]
-    assert row["ttft_mean_mean"] == pytest.approx(vals.mean())
-    assert row["ttft_mean_ci95"] == pytest.approx(12.706 * vals.std(ddof=1) / 2 ** 0.5)
+    vals = per_run[per_run["point"] == 3]["ttft_mean_ms"]
+    assert row["ttft_mean_ms"] == pytest.approx(vals.mean())
+    assert row["ttft_mean_ms_ci95"] == pytest.approx(12.706 * vals.std(ddof=1) / 2 ** 0.5)
     assert pd.read_csv(out / "sweep.csv").shape[0] == 8
     again, _ = run_sweep(spec, cmp, runs, out, jobs=1)
     assert again.attrs["reused"] == 8 and again.equals(per_run)
+
+
+def test_tables_have_percentiles_with_units_as_bench_result_json(tmp_path):
+    spec, cmp, runs = load_sweep(_write(tmp_path, axes={"workload.rate": [4]}, replications=2,
+                                        base={**BASE, "slo": {"ttft_s": 0.2, "tpot_s": 0.05}}))
+    out = tmp_path / "out"
+    per_run, _ = run_sweep(spec, cmp, runs, out, jobs=1)
+    summary = pd.read_csv(out / "sweep_summary.csv")
+    for m in ("ttft", "tpot", "itl", "e2el", "queue_time"):
+        for stat in ("mean", "p50", "p90", "p95", "p99"):
+            assert f"{m}_{stat}_ms" in per_run and f"{m}_{stat}_ms_ci95" in summary
+    for col in ("request_throughput_req_s", "output_throughput_tok_s", "total_token_throughput_tok_s",
+                "request_goodput_req_s", "slo_attainment_pct"):
+        assert col in per_run and col in summary
+    assert not [c for c in summary if c.endswith("_mean") or c in ("ttft_p99", "goodput")]  # no unitless names
+    run = json.loads((out / "sweep" / "base" / "p0000_r0" / "summary.json").read_text())  # seconds, 0..1
+    row = per_run.iloc[0]
+    assert row["ttft_p90_ms"] == pytest.approx(run["ttft"]["p90"] * 1e3)
+    assert row["itl_p99_ms"] == pytest.approx(run["itl"]["p99"] * 1e3)
+    assert row["tpot_p50_ms"] == pytest.approx(run["tpot"]["median"] * 1e3)
+    assert row["request_goodput_req_s"] == pytest.approx(run["goodput"])
+    assert row["slo_attainment_pct"] == pytest.approx(run["slo_attainment"] * 100)
+    assert summary["e2el_p99_ms"].iloc[0] == pytest.approx(per_run["e2el_p99_ms"].mean())
 
 
 def test_bad_sweep_files(tmp_path):

@@ -35,7 +35,9 @@ def calibrate(paths: list[Path] = typer.Argument(..., help="profile folders or f
               gpu: Optional[list[str]] = typer.Option(None, "--gpu", help="only these GPUs (repeatable)"),
               data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="shown as {data_dir} in the note")) -> None:
     """Fit efficiency curves from measured profiles (AIConfigurator parquet, Vidur CSV, LLMServingSim CSV or
-    servelab profile folders) and write a coefficients file and a held-out accuracy report."""
+    servelab profile folders) and write a coefficients file and a held-out accuracy report. Progress on stderr: the
+    fits and held-out tables done out of the total, the current one, elapsed time and ETA (a line per fit off a
+    terminal)."""
     from lab.costmodel.calibrate import run_calibration
     from lab.costmodel.profiles import ProfileError
     from lab.experiment.paths import default_data_dir
@@ -54,9 +56,12 @@ def calibrate(paths: list[Path] = typer.Argument(..., help="profile folders or f
                         *([f"--out {shlex.quote(str(out))}"] if out else []),
                         *([f"--report {shlex.quote(str(report))}"] if report else []),
                         *(f"--gpu {shlex.quote(g)}" for g in (gpu or []))])
+    from lab.cli.progress import ItemProgress
+
     try:
-        _, rep = run_calibration([str(p) for p in paths], out, report, command, dd, gpu,
-                                 log=lambda s: err_console.print(s, highlight=False))
+        with ItemProgress(err_console, "calibrate") as show:
+            _, rep = run_calibration([str(p) for p in paths], out, report, command, dd, gpu, log=show.line,
+                                     progress=show)
     except (ProfileError, ValueError) as e:
         _fail(str(e))
     if rep is not None and len(rep):
@@ -213,15 +218,20 @@ def costcheck(what: str = typer.Argument("all", help="cross-source, splitwise or
                                                   help="shared data folder (default $SERVELAB_DATA_DIR or ../shared/data)"),
               out: Optional[Path] = typer.Option(None, "--out", "-o", help="folder for the CSV/Markdown results")) -> None:
     """Accuracy checks of the operator cost model against shared measurements: the same Llama-3.1-8B/H100 step
-    from AIConfigurator, Vidur and LLMServingSim data, and Splitwise's end-to-end Llama-2-70B prefill/decode."""
+    from AIConfigurator, Vidur and LLMServingSim data, and Splitwise's end-to-end Llama-2-70B prefill/decode.
+    Progress on stderr: the curve fits done out of the total, the current one, elapsed time and ETA (a line per fit
+    off a terminal)."""
     from lab.costmodel import checks
     from lab.experiment.paths import default_data_dir
 
     dd = data_dir or default_data_dir()
     if what not in ("cross-source", "splitwise", "all"):
         _fail(f"costcheck {what!r}: expected cross-source, splitwise or all")
+    from lab.cli.progress import ItemProgress
+
     try:
-        results = checks.run(what, dd, out, log=lambda s: err_console.print(s, highlight=False))
+        with ItemProgress(err_console, "costcheck") as show:
+            results = checks.run(what, dd, out, log=show.line, progress=show)
     except FileNotFoundError as e:
         _fail(str(e))
     for name, md in results.items():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from lab.costmodel.families import drop_impossible
-from lab.costmodel.fit import CurveSet, calibrate as fit_all, holdout
+from lab.costmodel.fit import CurveSet, calibrate as fit_all, fit_plan, fit_weight, holdout, holdout_plan
 from lab.costmodel.profiles import Observations, read_profiles
 
 FIT_METHOD = ("t = t0 + (tc^p + tm^p)^(1/p); tc = F / (peak * sigmoid(a_c + sum_i f_i(log2 x_i))), "
@@ -51,22 +51,38 @@ def read_for_calibration(paths: list[str | Path]) -> Observations:
 
 
 def run_calibration(paths: list[str | Path], out: Path | None, report_dir: Path | None, command: str,
-                    data_dir: Path | None = None, gpus: list[str] | None = None, log=print) -> tuple[CurveSet, pd.DataFrame | None]:
+                    data_dir: Path | None = None, gpus: list[str] | None = None, log=print,
+                    progress=None) -> tuple[CurveSet, pd.DataFrame | None]:
     """Fit every curve the profiles under ``paths`` support; write ``out`` (coefficients JSON) and, with
     ``report_dir``, ``heldout.csv`` and ``heldout.md`` (held-out MAPE per GPU, class, variant and family).
+
+    ``progress`` (lab/cli/progress.py ``ItemProgress``): reading the profiles is an item of no weight; then, with the
+    total known, every curve fit (lab/costmodel/fit.py ``fit_plan``) and every held-out table (``holdout_plan``)
+    is an item weighted by its expected seconds (``fit_weight``).
 
     Raises:
         lab.costmodel.profiles.ProfileError: a path that holds no readable profile.
     """
+    if progress is not None:
+        progress.add(1, 0.0)
+        progress.start(f"read the profiles under {len(paths)} path(s)", 0.0)
     obs = read_for_calibration(paths)
     if gpus:
         keep = Observations(notes=obs.notes)
         for g in gpus:
             keep.extend(obs.only(gpu=g))
         obs = keep
+    if progress is not None:
+        fits = fit_plan(obs)
+        held = holdout_plan(obs) if report_dir is not None else []
+        progress.add(len(fits) + len(held), sum(fit_weight(cls, fam, len(d)) for _, cls, _, fam, d in fits)
+                     + sum(fit_weight(cls, fam, int((~test).sum())) for _, cls, _, fam, d, test in held))
+        rows = sum(len(df) for df in obs.tables.values())
+        progress.done(f"read {rows:,} profile rows: {len(fits)} curves to fit"
+                      + (f", {len(held)} tables to score held out" if report_dir is not None else ""))
     for n in obs.notes:
         log(f"note: {n}")
-    curves = fit_all(obs, log=log)
+    curves = fit_all(obs, log=log, progress=progress)
     files = sorted({s.split(":")[0] for df in obs.tables.values() for s in df["source"].unique()})
     curves.note = {
         "what": "fitted efficiency curves over the roofline for servelab's operator cost model (derived data)",
@@ -84,7 +100,7 @@ def run_calibration(paths: list[str | Path], out: Path | None, report_dir: Path 
         log(f"wrote {out} ({len(curves.curves)} curves, {out.stat().st_size / 1024:.0f} KiB)")
     rep = None
     if report_dir is not None:
-        rep = holdout(obs, log=log)
+        rep = holdout(obs, log=log, progress=progress)
         write_holdout(rep, report_dir, command)
         log(f"wrote {report_dir}/heldout.csv and heldout.md")
     return curves, rep

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from lab.core.batch import BatchShape
-from lab.costmodel.fit import calibrate as fit_all, mape
+from lab.costmodel.fit import calibrate as fit_all, fit_plan, fit_weight, mape
 from lab.costmodel.hardware import load_hardware
 from lab.costmodel.model_arch import load_model
 from lab.costmodel.operator import OperatorCostModel
@@ -57,22 +57,42 @@ def _need(data_dir: Path, rel: str) -> Path:
     return p
 
 
-def _model_for(obs: Observations, gpu: str, model, par: Parallelism, eff: Efficiency, **kw) -> OperatorCostModel:
-    curves = fit_all(obs.only(gpu=gpu))
+def _model_for(obs: Observations, gpu: str, model, par: Parallelism, eff: Efficiency, progress=None,
+               **kw) -> OperatorCostModel:
+    curves = fit_all(obs.only(gpu=gpu), progress=progress)
     return OperatorCostModel(model, load_hardware(gpu), par, tables=TableSet(obs, gpu), curves=curves,
                              efficiency=eff, **kw)
 
 
-def cross_source(data_dir: Path, log=None) -> pd.DataFrame:
+CROSS_GPU = "H100-SXM5-80GB"
+# the progress weight (expected seconds, as lab/costmodel/fit.py fit_weight) of costing Splitwise's configurations
+# and fitting the host overhead on one GPU, beside its curve fits: 4.3 s and 0.3 s in the run FIT_SECONDS is from
+SPLITWISE_HOST_FIT_WEIGHT = 2.3
+
+
+def load_cross_source(data_dir: Path) -> dict[str, Observations]:
+    """Each cross-source family's tables. Raises FileNotFoundError: a folder is missing."""
+    return {fam: load_tables([_need(data_dir, r) for r in rels]) for fam, rels in CROSS_SOURCES.items()}
+
+
+def load_splitwise(data_dir: Path) -> dict[str, Observations]:
+    """The tables of each Splitwise GPU (SPLITWISE_TABLES key). Raises FileNotFoundError: a folder is missing."""
+    return {hw: load_tables([_need(data_dir, r) for r in rels]) for hw, (_, rels) in SPLITWISE_TABLES.items()}
+
+
+def cross_source(data_dir: Path, log=None, progress=None,
+                 loaded: dict[str, Observations] | None = None) -> pd.DataFrame:
     """Per shape and family: total step time (ms, no CPU overhead) and the GEMM / attention / elementwise parts,
-    with the source of the attention part."""
+    with the source of the attention part. ``loaded``: :func:`load_cross_source`'s tables (read here otherwise);
+    ``progress``: each curve fit is an item (lab/costmodel/fit.py ``calibrate``)."""
     model = load_model("Llama-3.1-8B")
     eff = Efficiency(step_overhead_s=0.0)
     rows = []
-    for fam, rels in CROSS_SOURCES.items():
-        obs = load_tables([_need(data_dir, r) for r in rels])
-        cm = _model_for(obs, "H100-SXM5-80GB", model, Parallelism(), eff)
-        if log:
+    tables = loaded if loaded is not None else load_cross_source(data_dir)
+    for fam in CROSS_SOURCES:
+        obs = tables[fam]
+        cm = _model_for(obs, CROSS_GPU, model, Parallelism(), eff, progress)
+        if log and progress is None:
             log(f"cross-source: built the {fam} model")
         for label, new, ctx in CROSS_SHAPES:
             sh = BatchShape.from_requests(new, ctx)
@@ -133,20 +153,27 @@ def splitwise_rows(data_dir: Path) -> pd.DataFrame:
         ["prompt_time", "token_time", "token_size"]].median()
 
 
-def splitwise(data_dir: Path, log=None) -> tuple[pd.DataFrame, dict]:
+def splitwise(data_dir: Path, log=None, progress=None,
+              loaded: dict[str, Observations] | None = None) -> tuple[pd.DataFrame, dict]:
     """Predicted vs measured prefill and decode times. Splitwise's engine ran without CUDA graphs, so the model
     runs in eager mode; its host time per kernel launch and per step are fitted per GPU (least squares on log
     time) on a deterministic half of the configurations (every other one in (TP, prompt, batch) order) and the
     error is reported on both halves. Measurements faster than the GPU's FLOP bound (2 x parameters x tokens /
-    TP / peak) cannot be right and are left out (listed in the returned parameters)."""
+    TP / peak) cannot be right and are left out (listed in the returned parameters). ``loaded``:
+    :func:`load_splitwise`'s tables (read here otherwise); ``progress``: each curve fit is an item, then costing the
+    configurations and fitting the host overhead (weight :data:`SPLITWISE_HOST_FIT_WEIGHT`)."""
     meas = splitwise_rows(data_dir)
     model = load_model("Llama-2-70B")
     out = []
     params: dict = {}
+    tables = loaded if loaded is not None else load_splitwise(data_dir)
     for hwkey, (gpu, rels) in SPLITWISE_TABLES.items():
         hw = load_hardware(gpu)
-        obs = load_tables([_need(data_dir, r) for r in rels])
-        curves = fit_all(obs.only(gpu=gpu))
+        obs = tables[hwkey]
+        curves = fit_all(obs.only(gpu=gpu), progress=progress)
+        if progress is not None:
+            progress.start(f"splitwise {gpu}: cost the configurations, fit the host overhead",
+                           SPLITWISE_HOST_FIT_WEIGHT)
         ts = TableSet(obs, gpu)
         m = meas[meas["hardware"] == hwkey].sort_values(["tensor_parallel", "prompt_size", "batch_size"]).reset_index(drop=True)
         cms = {int(tp): OperatorCostModel(model, hw, Parallelism(int(tp)), tables=ts, curves=curves,
@@ -193,10 +220,12 @@ def splitwise(data_dir: Path, log=None) -> tuple[pd.DataFrame, dict]:
         rec["predicted_ms"] = predict(sol.x, np.arange(len(rec)))
         rec["split"] = np.where(train, "fit", "held-out")
         out.append(rec)
-        if log:
-            log(f"splitwise {gpu}: fitted {launch_us:.1f} us per kernel launch, {overhead_ms:.2f} ms per step, "
-                f"{per_tok_us:.1f} us per token; "
-                f"{len(dropped)} impossible measurements left out")
+        msg = (f"splitwise {gpu}: fitted {launch_us:.1f} us per kernel launch, {overhead_ms:.2f} ms per step, "
+               f"{per_tok_us:.1f} us per token; {len(dropped)} impossible measurements left out")
+        if progress is not None:
+            progress.done(msg)
+        elif log:
+            log(msg)
     res = pd.concat(out, ignore_index=True)
     res["error_pct"] = 100 * (res["predicted_ms"] / res["measured_ms"] - 1)
     return res, params
@@ -215,11 +244,44 @@ def splitwise_markdown(res: pd.DataFrame, params: dict) -> str:
     return "\n".join(lines)
 
 
-def run(what: str, data_dir: Path, out: Path | None, log=None) -> dict[str, str]:
-    """Run the checks (``cross-source``, ``splitwise`` or ``all``); write CSV and Markdown under ``out``."""
+def plan(what: str, data_dir: Path) -> tuple[dict, dict, int, float]:
+    """The tables the checks read (``(cross-source tables or {}, Splitwise tables or {})``) and the work they take:
+    the number of progress items (curve fits, and per Splitwise GPU the host-overhead fit) and their weight.
+
+    Raises:
+        FileNotFoundError: a folder of the shared data is missing.
+    """
+    cross = load_cross_source(data_dir) if what in ("cross-source", "all") else {}
+    split = load_splitwise(data_dir) if what in ("splitwise", "all") else {}
+    fits = [f for obs in cross.values() for f in fit_plan(obs.only(gpu=CROSS_GPU))]
+    fits += [f for hw, obs in split.items() for f in fit_plan(obs.only(gpu=SPLITWISE_TABLES[hw][0]))]
+    items = len(fits) + len(split)
+    weight = sum(fit_weight(cls, fam, len(d)) for _, cls, _, fam, d in fits)
+    return cross, split, items, weight + SPLITWISE_HOST_FIT_WEIGHT * len(split)
+
+
+def run(what: str, data_dir: Path, out: Path | None, log=None, progress=None) -> dict[str, str]:
+    """Run the checks (``cross-source``, ``splitwise`` or ``all``); write CSV and Markdown under ``out``.
+
+    ``progress`` (lab/cli/progress.py ``ItemProgress``): the tables are read first (one item of no weight), then
+    every curve fit and each Splitwise GPU's host-overhead fit is an item (:func:`plan`), so the display has the
+    total from the start.
+
+    Raises:
+        FileNotFoundError: a folder of the shared data is missing.
+    """
     results = {}
+    cross: dict | None = None
+    split: dict | None = None
+    if progress is not None:
+        progress.add(1, 0.0)
+        progress.start("read the measured tables", 0.0)
+        cross, split, items, weight = plan(what, data_dir)
+        progress.add(items, weight)
+        progress.done(f"read the measured tables: {items - len(split)} curves to fit"
+                      + (f", {len(split)} host-overhead fits" if split else ""))
     if what in ("cross-source", "all"):
-        df = cross_source(data_dir, log)
+        df = cross_source(data_dir, log, progress, cross)
         md = cross_source_markdown(df)
         results["cross-source (Llama-3.1-8B, H100, TP1, bf16; ms per step without CPU overhead)"] = md
         if out is not None:
@@ -227,7 +289,7 @@ def run(what: str, data_dir: Path, out: Path | None, log=None) -> dict[str, str]
             df.to_csv(out / "cross_source.csv", index=False)
             (out / "cross_source.md").write_text(md + "\n")
     if what in ("splitwise", "all"):
-        res, params = splitwise(data_dir, log)
+        res, params = splitwise(data_dir, log, progress, split)
         md = splitwise_markdown(res, params)
         results["splitwise (Llama-2-70B end to end, A100 and H100, TP 2/4/8)"] = md
         if out is not None:

@@ -225,10 +225,33 @@ def _groups(obs: Observations, cls: str):
         yield gpu, v, f, d.reset_index(drop=True)
 
 
-def calibrate(obs: Observations, min_rows: int = 16, log=None) -> "CurveSet":
-    """Fit one curve per GPU, class and variant from the highest-priority profile family that has at least
-    ``min_rows`` observations of it (servelab > aiconfigurator > vidur > llmservingsim: families are not mixed,
-    because different kernels and timing methods disagree by more than the fit error)."""
+# Seconds one curve fit took, by operator class and profile family: the mean over the 87 fits of `servelab costcheck
+# all` on the 2-core reference machine (2026-12-04, shared with other jobs, load average 1.1 to 2.4). The same fit
+# took from 0.3 s to 8 s there, so these are rough; the progress displays' ETAs (lab/cli/progress.py) use them as
+# relative weights, scaled by the speed measured as the fits go. The rows do not predict it (fit_curve fits at most
+# 4,000 of them): the class's features and the table's grid do.
+FIT_SECONDS: dict[tuple[str, str], float] = {
+    ("allreduce", "aiconfigurator"): 0.07, ("allreduce", "vidur"): 0.09, ("sendrecv", "vidur"): 0.1,
+    ("attn_decode", "aiconfigurator"): 19.2, ("attn_decode", "vidur"): 1.9,
+    ("attn_prefill", "aiconfigurator"): 1.7, ("attn_prefill", "llmservingsim"): 0.8, ("attn_prefill", "vidur"): 0.6,
+    ("elementwise", "llmservingsim"): 0.23, ("elementwise", "vidur"): 0.2,
+    ("gemm", "aiconfigurator"): 13.3, ("gemm", "llmservingsim"): 2.8, ("gemm", "vidur"): 2.0,
+    ("mla_decode", "aiconfigurator"): 6.8, ("mla_prefill", "aiconfigurator"): 1.9, ("moe", "aiconfigurator"): 12.3,
+}
+
+
+def fit_weight(cls: str, family: str, rows: int) -> float:
+    """The expected seconds of one curve fit (:data:`FIT_SECONDS`; for a class and family it lacks, the mean of
+    the class's families, else 2 s per 4,000 rows fitted): the weight of a fit in the progress displays."""
+    if (cls, family) in FIT_SECONDS:
+        return FIT_SECONDS[(cls, family)]
+    same = [v for (c, _), v in FIT_SECONDS.items() if c == cls]
+    return sum(same) / len(same) if same else 2.0 * min(rows, 4000) / 4000
+
+
+def fit_plan(obs: Observations, min_rows: int = 16) -> list[tuple[str, str, str, str, pd.DataFrame]]:
+    """The curves :func:`calibrate` fits, in its order: ``(gpu, class, variant, family, rows)``, one per GPU, class
+    and variant, from the highest-priority profile family with at least ``min_rows`` observations of it."""
     best: dict[tuple[str, str, str], tuple[int, str, pd.DataFrame]] = {}
     for cls in FEATURES:
         for gpu, v, f, d in _groups(obs, cls):
@@ -238,22 +261,36 @@ def calibrate(obs: Observations, min_rows: int = 16, log=None) -> "CurveSet":
             key = (gpu, cls, v)
             if key not in best or rank < best[key][0]:
                 best[key] = (rank, f, d)
+    return [(gpu, cls, v, f, d) for (gpu, cls, v), (_, f, d) in sorted(best.items())]
+
+
+def calibrate(obs: Observations, min_rows: int = 16, log=None, progress=None) -> "CurveSet":
+    """Fit one curve per GPU, class and variant from the highest-priority profile family that has at least
+    ``min_rows`` observations of it (servelab > aiconfigurator > vidur > llmservingsim: families are not mixed,
+    because different kernels and timing methods disagree by more than the fit error; :func:`fit_plan`).
+
+    ``progress`` (lab/cli/progress.py ``ItemProgress``, its items already counted by the caller from
+    :func:`fit_plan`): each fit is an item of weight :func:`fit_weight`, its line the one ``log`` gets otherwise."""
     curves = CurveSet()
-    for (gpu, cls, v), (_, f, d) in sorted(best.items()):
+    for gpu, cls, v, f, d in fit_plan(obs, min_rows):
+        if progress is not None:
+            progress.start(f"fit {gpu} {cls} {v} from {f} ({len(d)} rows)", fit_weight(cls, f, len(d)))
         t0 = time.perf_counter()
         c = fit_curve(cls, v, d, load_hardware(gpu))
         c.source = f"{f}: " + ", ".join(sorted({s.split(':')[0] for s in d['source']}))
         curves.add(gpu, c)
-        if log:
-            log(f"fitted {gpu} {cls} {v} from {f} ({len(d)} rows, {time.perf_counter() - t0:.1f} s)")
+        msg = f"fitted {gpu} {cls} {v} from {f} ({len(d)} rows"
+        if progress is not None:
+            progress.done(msg + ")")  # (the display adds the time)
+        elif log:
+            log(f"{msg}, {time.perf_counter() - t0:.1f} s)")
     return curves
 
 
-def holdout(obs: Observations, frac: float = 0.2, min_rows: int = 30, log=None) -> pd.DataFrame:
-    """Held-out accuracy of every (GPU, class, variant, family) table: fit on a deterministic 80 % of its distinct
-    shapes, report MAPE (%) of the fitted curve on the other 20 % and, for the tables the cost model interpolates
-    (lab/costmodel/tables.py), of that interpolation from the 80 % as well."""
-    rows = []
+def holdout_plan(obs: Observations, frac: float = 0.2,
+                 min_rows: int = 30) -> list[tuple[str, str, str, str, pd.DataFrame, np.ndarray]]:
+    """The tables :func:`holdout` scores, in its order: ``(gpu, class, variant, family, rows, test mask)``."""
+    out = []
     for cls in FEATURES:
         for gpu, v, f, d in _groups(obs, cls):
             if len(d) < min_rows:
@@ -261,17 +298,35 @@ def holdout(obs: Observations, frac: float = 0.2, min_rows: int = 30, log=None) 
             test = split_mask(d, cls, frac)
             if test.sum() == 0 or (~test).sum() < 8:
                 continue
-            c = fit_curve(cls, v, d[~test].reset_index(drop=True), load_hardware(gpu))
-            F, B, feats = work(cls, d[test])
-            obs_t = d.loc[test, "time_s"].to_numpy(float)
-            fit_err = mape(c.predict(F, B, feats), obs_t)
-            interp = interpolation_holdout(cls, d, test)
-            rows.append({"gpu": gpu, "op_class": cls, "variant": v, "family": f, "rows": len(d),
-                         "test_rows": int(test.sum()), "fit_mape_pct": round(fit_err, 1),
-                         "table_mape_pct": None if interp is None else round(interp[0], 1),
-                         "table_test_rows": None if interp is None else interp[1]})
-            if log:
-                log(f"{gpu} {cls} {v} [{f}] fit {fit_err:.1f} %" + ("" if interp is None else f", table {interp[0]:.1f} %"))
+            out.append((gpu, cls, v, f, d, test))
+    return out
+
+
+def holdout(obs: Observations, frac: float = 0.2, min_rows: int = 30, log=None, progress=None) -> pd.DataFrame:
+    """Held-out accuracy of every (GPU, class, variant, family) table: fit on a deterministic 80 % of its distinct
+    shapes, report MAPE (%) of the fitted curve on the other 20 % and, for the tables the cost model interpolates
+    (lab/costmodel/tables.py), of that interpolation from the 80 % as well (:func:`holdout_plan`).
+
+    ``progress``: each table is an item of weight :func:`fit_weight` (as :func:`calibrate`)."""
+    rows = []
+    for gpu, cls, v, f, d, test in holdout_plan(obs, frac, min_rows):
+        if progress is not None:
+            progress.start(f"held-out {gpu} {cls} {v} [{f}] ({len(d)} rows)",
+                           fit_weight(cls, f, int((~test).sum())))
+        c = fit_curve(cls, v, d[~test].reset_index(drop=True), load_hardware(gpu))
+        F, B, feats = work(cls, d[test])
+        obs_t = d.loc[test, "time_s"].to_numpy(float)
+        fit_err = mape(c.predict(F, B, feats), obs_t)
+        interp = interpolation_holdout(cls, d, test)
+        rows.append({"gpu": gpu, "op_class": cls, "variant": v, "family": f, "rows": len(d),
+                     "test_rows": int(test.sum()), "fit_mape_pct": round(fit_err, 1),
+                     "table_mape_pct": None if interp is None else round(interp[0], 1),
+                     "table_test_rows": None if interp is None else interp[1]})
+        msg = f"{gpu} {cls} {v} [{f}] fit {fit_err:.1f} %" + ("" if interp is None else f", table {interp[0]:.1f} %")
+        if progress is not None:
+            progress.done(msg)
+        elif log:
+            log(msg)
     return pd.DataFrame(rows)
 
 

@@ -30,6 +30,9 @@ WORKLOADS = {
     "million_16x": "bench/million_16x.yaml",
     "mooncake_conv": "bench/mooncake_conv.yaml",
 }
+# Whole-process wall seconds each workload took on the 2-core reference machine (docs/performance.md, `servelab
+# bench`): the weights of the progress display's ETA, which scales them by the speed measured so far.
+EXPECTED_WALL_S = {"azure_conv": 4.0, "million_16x": 225.0, "mooncake_conv": 15.0}
 
 @dataclass(frozen=True)
 class Reference:
@@ -114,14 +117,16 @@ def speed_ratio(ours: BenchResult, ref: Reference) -> tuple[float, float]:
     return ref.wall_s / ours.total_wall_s, ref.peak_mb / ours.peak_mb
 
 
-def worker(experiment: str, data_dir: str | None, overrides: str | None) -> None:
-    """Run one workload and print one JSON line of figures (called in a child process)."""
+def worker(experiment: str, data_dir: str | None, overrides: str | None, progress_file: str | None = None) -> None:
+    """Run one workload and print one JSON line of figures (called in a child process). With ``progress_file``,
+    write ``"<finished> <total>"`` requests into it (replacing its content) each time another 0.5 % of the requests
+    finished: a check per finished request and a write per mark, some 0.1 s of the million-request run's ~220 s."""
     t0 = time.perf_counter()
     over = json.loads(overrides) if overrides else None
     exp = load_experiment(experiment, data_dir, over)
     reqs = build_requests(exp)
     t1 = time.perf_counter()
-    res = simulate(exp, reqs)
+    res = simulate(exp, reqs, _progress_writer(progress_file, len(reqs)) if progress_file else None)
     t2 = time.perf_counter()
     print(json.dumps({
         "requests": len(reqs), "sim_wall_s": t2 - t1, "load_s": t1 - t0, "sim_end_s": res.sim_end,
@@ -129,6 +134,35 @@ def worker(experiment: str, data_dir: str | None, overrides: str | None) -> None
         "finished": sum(1 for r in reqs if r.finish_time is not None),
         "model": res.deployment.model.name, "gpu": res.deployment.hardware.name,
     }))
+
+
+def _progress_writer(path: str, total: int):
+    """A ``simulate`` progress callback that writes ``"<done> <total>"`` into ``path`` every 0.5 % of ``total``."""
+    step = max(1, total // 200)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    mark = [step]
+
+    def write(done: int) -> None:
+        os.pwrite(fd, f"{done} {total}\n".ljust(32).encode(), 0)
+
+    def progress(done: int, _total: int) -> None:
+        if done >= mark[0] or done == total:
+            mark[0] = done + step
+            write(done)
+
+    write(0)
+    return progress
+
+
+def read_progress(path: str) -> tuple[int, int] | None:
+    """``(finished, total)`` requests from a progress file :func:`_progress_writer` writes; None before the child
+    wrote one (still loading its trace) or when it cannot be read."""
+    try:
+        with open(path) as f:
+            done, total = f.read().split()[:2]
+        return int(done), int(total)
+    except (OSError, ValueError):
+        return None
 
 
 class ProcessFigures(NamedTuple):
@@ -156,8 +190,10 @@ def _busy_cpu_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def _run_child(args: list[str], cwd: str | None = None) -> tuple[str, ProcessFigures]:
-    """Run a child process; return its stdout and :class:`ProcessFigures`.
+def _run_child(args: list[str], cwd: str | None = None, poll=None,
+               poll_s: float = 0.5) -> tuple[str, ProcessFigures]:
+    """Run a child process; return its stdout and :class:`ProcessFigures`. ``poll()``, when given, is called every
+    ``poll_s`` seconds while the child runs (for a progress display; the child's figures are its own either way).
 
     Raises:
         RuntimeError: the child exited non-zero (the message ends with its stderr).
@@ -168,7 +204,12 @@ def _run_child(args: list[str], cwd: str | None = None) -> tuple[str, ProcessFig
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # never a full pipe
         busy0, t0 = _busy_cpu_s(), time.perf_counter()
         p = subprocess.Popen(args, stdout=out, stderr=err, text=True, cwd=cwd)
-        _, status, usage = os.wait4(p.pid, 0)
+        while True:
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG if poll is not None else 0)
+            if pid:
+                break
+            time.sleep(poll_s)
+            poll()
         wall = time.perf_counter() - t0
         busy = _busy_cpu_s() - busy0
         p.returncode = os.waitstatus_to_exitcode(status)
@@ -182,18 +223,34 @@ def _run_child(args: list[str], cwd: str | None = None) -> tuple[str, ProcessFig
     return stdout, ProcessFigures(wall, peak_mb, usage.ru_utime, others, os.getloadavg()[0])
 
 
-def run_workload(name: str, path: str, data_dir: str | None = None, overrides: dict | None = None) -> BenchResult:
+def run_workload(name: str, path: str, data_dir: str | None = None, overrides: dict | None = None,
+                 on_progress=None) -> BenchResult:
     """Run one experiment file (with ``overrides`` merged over it) in a child process and return its figures.
+    ``on_progress(finished, total)`` (requests), when given, is called about every half second while the child
+    simulates (the child writes its count into a temporary file every 0.5 % of the requests).
 
     Raises:
         RuntimeError: the child failed (the message ends with its stderr).
     """
+    import tempfile  # noqa: PLC0415 - as _run_child's
+
     args = [sys.executable, "-m", "lab.report.bench", path]
     if data_dir:
         args += ["--data-dir", data_dir]
     if overrides:
         args += ["--overrides", json.dumps(overrides)]
-    out, proc = _run_child(args)
+    if on_progress is None:
+        out, proc = _run_child(args)
+    else:
+        with tempfile.TemporaryDirectory(prefix="servelab_bench_") as tmp:
+            progress_file = os.path.join(tmp, "progress")
+
+            def poll() -> None:
+                got = read_progress(progress_file)
+                if got is not None:
+                    on_progress(*got)
+
+            out, proc = _run_child(args + ["--progress", progress_file], poll=poll)
     d = json.loads(out.strip().splitlines()[-1])
     return BenchResult(name, d["requests"], d["sim_wall_s"], proc.wall_s, d["sim_end_s"], d["steps"], d["jumped_steps"],
                        proc.peak_mb, d["model"], d["gpu"], proc.user_cpu_s, proc.others_cores, proc.load_avg_1m)
@@ -348,9 +405,11 @@ class VidurComparison:
 
 
 def compare_with_vidur(vidur_dir: str, python: str, case: VidurCase, experiment: str, data_dir: str | None = None,
-                       overrides: dict | None = None) -> VidurComparison:
+                       overrides: dict | None = None, on_stage=None, on_progress=None) -> VidurComparison:
     """Run Vidur on its copy of the trace, then servelab (``experiment`` with :func:`vidur_equivalent`'s overrides,
     then ``overrides``) on exactly the requests Vidur made of it; the ratio is whole process against whole process.
+    ``on_stage(name)`` is called as each starts (``"vidur"``, ``"servelab"``), ``on_progress(finished, total)``
+    while servelab runs (:func:`run_workload`).
 
     Raises:
         FileNotFoundError: ``vidur_dir`` lacks the trace (not a microsoft/vidur checkout).
@@ -360,14 +419,19 @@ def compare_with_vidur(vidur_dir: str, python: str, case: VidurCase, experiment:
     trace = Path(vidur_dir) / VIDUR_TRACES[case.trace]
     if not trace.is_file():
         raise FileNotFoundError(f"--vidur {vidur_dir}: {trace} not found (expected a microsoft/vidur checkout)")
+    if on_stage is not None:
+        on_stage("vidur")
     v = run_vidur(vidur_dir, python, str(trace), case)
+    if on_stage is not None:
+        on_stage("servelab")
     import tempfile  # noqa: PLC0415 - as _run_child's
 
     same_trace = Path(tempfile.mkdtemp(prefix="servelab_vidur_")) / "trace.csv"
     n = vidur_trace_as_csv(str(trace), str(same_trace), time_scale=case.time_scale)
     equivalent = vidur_equivalent(case.model, case.tp, case.scheduler, case.chunk_size)
     ours = run_workload(case.workload, experiment, data_dir,
-                        {**equivalent, "workload": {"source": "csv", "path": str(same_trace)}, **(overrides or {})})
+                        {**equivalent, "workload": {"source": "csv", "path": str(same_trace)}, **(overrides or {})},
+                        on_progress)
     ref = Reference("vidur", case.workload, VIDUR_MODELS[case.model], equivalent["hardware"]["gpu"], n, v.wall_s,
                     v.peak_mb, f"this run ({case.label}, TP{case.tp})")
     faster, leaner = speed_ratio(ours, ref)
@@ -379,8 +443,9 @@ if __name__ == "__main__":
     ap.add_argument("experiment")
     ap.add_argument("--data-dir")
     ap.add_argument("--overrides")
+    ap.add_argument("--progress", help="file to write '<finished> <total>' requests into as the run goes")
     a = ap.parse_args()
-    worker(a.experiment, a.data_dir, a.overrides)
+    worker(a.experiment, a.data_dir, a.overrides, a.progress)
     # The figures are printed: end the process without tearing the finished run down object by object (~0.2 s of a
     # 3 s run of the Azure trace), as multiprocessing's workers end (os._exit) — unless a profiler or tracer runs
     # (cProfile, pyinstrument, coverage write their results at exit).

@@ -19,10 +19,12 @@ with the hash of its configuration) into its folder ``<out>/sweep/base/p<point>_
 ``--plots`` it writes the full run report with PNG plots. A re-run resumes: every run whose folder is complete and
 whose hash is unchanged is read back instead of simulated (``--fresh`` redoes them). A failed run does not stop the
 sweep; it is recorded with status ``failed`` and its one-line error. The sweep writes ``sweep.csv`` /
-``sweep.parquet`` (one row per run: point, replication, seed, the axes, status, error, the metrics) and
-``sweep_summary.csv`` (one row per point: each metric's mean over the successful replications and its 95 %
-confidence half-width, Student's t), and ``sweep.html``: the four replace the earlier ones as one set, in one rename of
-the output folder (:func:`replace_outputs`, which ``servelab search`` shares).
+``sweep.parquet`` (one row per run: point, replication, seed, the axes, status, error, the :data:`METRICS`:
+throughputs and goodput in req/s or tok/s, mean / p50 / p90 / p95 / p99 of TTFT, TPOT, ITL, E2EL and queue time in
+ms, SLO attainment in %, each column's unit at the end of its name) and ``sweep_summary.csv`` (one row per point:
+each metric's mean over the successful replications under the same name and its 95 % confidence half-width,
+Student's t, as ``<metric>_ci95``), and ``sweep.html``: the four replace the earlier ones as one set, in one rename
+of the output folder (:func:`replace_outputs`, which ``servelab search`` shares).
 """
 
 from __future__ import annotations
@@ -49,12 +51,54 @@ from lab.report.html import write_sweep_html
 from lab.report.run_report import (_json_default, atomic_dir, check_out_dir, collect, remove_stale_temps,
                                    write_report)
 
-METRICS = ["request_throughput", "output_token_throughput", "ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99",
-           "e2el_mean", "e2el_p99", "goodput", "slo_attainment", "num_preemptions", "num_finished"]
+# The statistics of each latency in the tables (summary.json's; p50 is the median).
+LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99")
+LATENCIES = ("ttft", "tpot", "itl", "e2el", "queue_time")
+
+# column -> (where in a run's summary.json, factor to the column's unit). Column names carry their unit, as
+# bench_result.json's keys do: ``ttft_p99_ms`` is bench_result.json's ``p99_ttft_ms`` (summary.json: seconds).
+_COLUMNS: dict[str, tuple[tuple[str, ...], float]] = {
+    "request_throughput_req_s": (("request_throughput",), 1.0),
+    "output_throughput_tok_s": (("output_token_throughput",), 1.0),
+    "total_token_throughput_tok_s": (("total_token_throughput",), 1.0),
+    "request_goodput_req_s": (("goodput",), 1.0),
+    "slo_attainment_pct": (("slo_attainment",), 100.0),
+    **{f"{m}_{s}_ms": ((m, "median" if s == "p50" else s), 1e3) for m in LATENCIES for s in LATENCY_STATS},
+    "num_preemptions": (("num_preemptions",), 1.0),
+    "num_finished": (("num_finished",), 1.0),
+}
+METRICS = list(_COLUMNS)
+# the metrics sweep.html charts (its table of points has every one)
+CHART_METRICS = ["request_throughput_req_s", "output_throughput_tok_s", "request_goodput_req_s", "slo_attainment_pct",
+                 "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p99_ms", "e2el_p99_ms",
+                 "queue_time_p99_ms", "num_preemptions"]
 
 # Student's t quantiles for a two-sided 95 % interval, by degrees of freedom (1..30; beyond, the normal's 1.96)
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def expand_values(path: str, vals: list[Any] | dict[str, list[float]]) -> list[Any]:
+    """An axis's values: a list as it is, or ``{range: [start, stop, step]}`` expanded (stop included; integers when
+    all three are). Also a search's ``values`` (lab/report/search.py).
+
+    Raises:
+        ValueError: a mapping other than ``{range: [start, stop, step]}``, a step <= 0, stop < start, or no values
+            (the message starts with ``path``).
+    """
+    if isinstance(vals, dict):
+        if set(vals) != {"range"} or len(vals["range"]) != 3:
+            raise ValueError(f"{path}: expected a list of values or {{range: [start, stop, step]}}")
+        start, stop, step = vals["range"]
+        if not step > 0 or stop < start:
+            raise ValueError(f"{path}: range needs step > 0 and stop >= start, got {vals['range']}")
+        n = int(math.floor((stop - start) / step + 1e-9)) + 1
+        vals = [start + i * step for i in range(n)]
+        if all(isinstance(x, int) for x in (start, stop, step)):
+            vals = [int(v) for v in vals]
+    if not vals:
+        raise ValueError(f"{path}: no values")
+    return list(vals)
 
 
 class SweepSpec(BaseModel):
@@ -71,22 +115,7 @@ class SweepSpec(BaseModel):
     @field_validator("axes")
     @classmethod
     def _expand(cls, axes: dict) -> dict:
-        out = {}
-        for path, vals in axes.items():
-            if isinstance(vals, dict):
-                if set(vals) != {"range"} or len(vals["range"]) != 3:
-                    raise ValueError(f"{path}: expected a list of values or {{range: [start, stop, step]}}")
-                start, stop, step = vals["range"]
-                if not step > 0 or stop < start:
-                    raise ValueError(f"{path}: range needs step > 0 and stop >= start, got {vals['range']}")
-                n = int(math.floor((stop - start) / step + 1e-9)) + 1
-                vals = [start + i * step for i in range(n)]
-                if all(isinstance(x, int) for x in (start, stop, step)):
-                    vals = [int(v) for v in vals]
-            if not vals:
-                raise ValueError(f"{path}: no values")
-            out[path] = vals
-        return out
+        return {path: expand_values(path, vals) for path, vals in axes.items()}
 
     @model_validator(mode="after")
     def _zip_lengths(self) -> "SweepSpec":
@@ -260,17 +289,21 @@ def reuse_task(task: SweepTask) -> dict | None:
 
 
 def _metric(summary: dict, name: str) -> Any:
-    """One METRICS value from a run summary: ``ttft_p99`` is ``summary["ttft"]["p99"]``, others are top-level."""
-    head, _, stat = name.rpartition("_")
-    if head in ("ttft", "tpot", "e2el"):
-        return (summary.get(head) or {}).get(stat)
-    return summary.get(name)
+    """One METRICS column from a run's summary (``summary.json``) in the column's unit: ``ttft_p99_ms`` is
+    ``summary["ttft"]["p99"]`` x 1000, ``slo_attainment_pct`` is ``summary["slo_attainment"]`` x 100; None where
+    the summary has no value (no SLO: no goodput; no finished request: no latency)."""
+    path, factor = _COLUMNS[name]
+    value: Any = summary
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return None if value is None else value * factor
 
 
 def sweep_tables(spec: SweepSpec, runs: list[Run], results: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per run: point, replication, seed, the axes as columns, status ``ok``/``failed``, the one-line
-    error, the metrics; one row per point: each metric's mean and 95 % confidence half-width over the point's
-    successful replications). ``results[i]`` belongs to ``runs[i]``: ``{"summary"}`` or ``{"error"}``."""
+    error, the :data:`METRICS` columns; one row per point: each metric's mean over the point's successful
+    replications under the metric's own name and its 95 % confidence half-width as ``<metric>_ci95``, in the
+    metric's unit). ``results[i]`` belongs to ``runs[i]``: ``{"summary"}`` or ``{"error"}``."""
     points = spec.points()
     rows = []
     for run, res in zip(runs, results):
@@ -287,7 +320,7 @@ def sweep_tables(spec: SweepSpec, runs: list[Run], results: list[dict]) -> tuple
         row = {"point": i, **points[int(i)], "replications": len(ok), "failed": len(grp) - len(ok)}
         for m in METRICS:
             vals = pd.to_numeric(ok[m], errors="coerce").dropna()
-            row[f"{m}_mean"] = float(vals.mean()) if len(vals) else None
+            row[m] = float(vals.mean()) if len(vals) else None
             row[f"{m}_ci95"] = (_T95[min(len(vals) - 2, 29)] * float(vals.std(ddof=1)) / math.sqrt(len(vals))
                                 if len(vals) > 1 else None)
         agg.append(row)
@@ -342,7 +375,8 @@ def run_sweep(spec: SweepSpec, cmp: ComparisonSpec, runs: list[Run], out_dir: Pa
         per_run.to_csv(folder / "sweep.csv", index=False)
         per_run.to_parquet(folder / "sweep.parquet", index=False)
         summary.to_csv(folder / "sweep_summary.csv", index=False)
-        write_sweep_html(folder, spec.name, spec.axes, summary, METRICS, cmp.base.get("slo"), len(runs))
+        write_sweep_html(folder, spec.name, spec.axes, summary, CHART_METRICS, cmp.base.get("slo"), len(runs),
+                         table_metrics=METRICS)
 
     replace_outputs(Path(out_dir), write, keep=("sweep",))
     per_run.attrs["reused"] = state.reused
