@@ -127,12 +127,18 @@ def test_set_overrides_write_beside_the_base_report_and_the_offered_load_is_stat
 
     exp = _Path(__file__).resolve().parent.parent / "experiments" / "demo.yaml"
     monkeypatch.chdir(tmp_path)
-    res = CliRunner().invoke(app, ["run", str(exp), "--set", "workload.num_requests=20", "-q", "--no-plots"])
+    res = CliRunner().invoke(app, ["run", str(exp), "--set", "workload.num_requests=20", "--no-plots"],
+                             terminal_width=400)
     assert res.exit_code == 0, res.output
     out = tmp_path / "reports" / "demo+workload.num_requests=20"
     assert out.is_dir() and not (tmp_path / "reports" / "demo").exists()
-    assert _json.loads((out / "summary.json").read_text())["offered_load"] == "Poisson arrivals at 12 req/s"
+    summary = _json.loads((out / "summary.json").read_text())
+    assert summary["offered_load"] == "Poisson arrivals at 12 req/s"
     assert "offered: Poisson arrivals at 12 req/s" in res.output
+    # the achieved throughput over the arrival window, the window named, beside the vLLM duration-based figure
+    rate = summary["arrival_window_request_throughput"]
+    assert f"Achieved {rate:.2f} req/s over the arrival window (first to last request sent" in res.output
+    assert f"{summary['request_throughput']:.2f} req/s over the whole" in res.output
 
 
 def test_changing_the_gpu_says_which_pinned_limits_stay(tmp_path, monkeypatch):
@@ -176,7 +182,7 @@ def test_percentile_options_choose_the_vllm_keys_and_the_console_block(tmp_path)
     """`--percentile-metrics ttft,e2el --metric-percentiles 95,99.9` as `vllm bench serve` takes them: only those
     metrics get statistics keys in bench_result.json, and the printed block shows those percentiles."""
     out = tmp_path / "out"
-    res = runner.invoke(app, ["run", str(REPO / "experiments" / "demo.yaml"), "--out", str(out), "-q", "--no-plots",
+    res = runner.invoke(app, ["run", str(REPO / "experiments" / "demo.yaml"), "--out", str(out), "--no-plots",
                               "--set", "workload.num_requests=40", "--percentile-metrics", "ttft,e2el",
                               "--metric-percentiles", "95,99.9"], terminal_width=200)
     assert res.exit_code == 0, res.output

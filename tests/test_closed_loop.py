@@ -126,7 +126,7 @@ def test_a_run_writes_vllm_bench_serve_result_json_that_validate_reads_back(tmp_
     from lab.report.validate import _load_vllm_bench
 
     res = simulate(_exp(concurrency=4, num_warmup=2))
-    write_report(res, tmp_path / "out", plots=False)
+    write_report(res, tmp_path / "out", plots=False, detailed=True)  # --save-detailed: validate needs the lists
     d = json.loads((tmp_path / "out" / "bench_result.json").read_text())
     # vllm bench serve --num-warmups: 2 extra requests, all 40 measured
     assert d["completed"] == 40 and d["max_concurrency"] == 4 and d["request_rate"] == "inf" and d["num_warmups"] == 2

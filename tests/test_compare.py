@@ -54,6 +54,8 @@ def test_compare_runs_every_variant_and_writes_one_report(tmp_path):
     assert "req/instance" in md and (out / "schedulers_cdf.png").is_file()
     for g, t, v in (("schedulers", "more", "sarathi"), ("routers", "few", "lr")):
         assert (out / g / t / v / "summary.json").is_file() and (out / g / t / v / "events.parquet").is_file()
+        bench = __import__("json").loads((out / g / t / v / "bench_result.json").read_text())
+        assert "completed" in bench and not {"ttfts", "itls", "input_lens"} & set(bench)  # no per-request detail
     s = table.set_index(["group", "trace", "variant"])
     # Sarathi's 512-token budget: lower TPOT tail, higher TTFT than vLLM's 2048-token budget
     assert s.loc[("schedulers", "more", "sarathi"), "tpot_p99"] < s.loc[("schedulers", "more", "vllm_v1"), "tpot_p99"]

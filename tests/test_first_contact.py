@@ -108,8 +108,8 @@ def test_validate_compares_duration_and_throughput_and_never_prints_none(tmp_pat
     exp = tmp_path / "val.yaml"
     exp.write_text(yaml.safe_dump({"name": "val", "workload": {"source": "vllm_bench", "path": "measured.json"},
                                    "validation": {"measured": "measured.json", "format": "vllm_bench"}}))
-    res = runner.invoke(app, ["validate", str(exp), "--out", str(tmp_path / "out"), "-q", "--no-plots"],
-                        terminal_width=200)
+    res = runner.invoke(app, ["validate", str(exp), "--out", str(tmp_path / "out"), "--no-plots"],
+                        terminal_width=200)  # (not -q: the printed table is checked too)
     assert res.exit_code == 0, res.output
     md = (tmp_path / "out" / "validation.md").read_text()
     run = json.loads((tmp_path / "out" / "validation.json").read_text())["run"]

@@ -30,7 +30,29 @@ NAMED_OUT_OPT = typer.Option(None, "--out", "-o", help="output folder (default r
 DATA_OPT = typer.Option(None, "--data-dir", help="shared data folder (default $SERVELAB_DATA_DIR or ../shared/data)")
 NO_PLOTS_OPT = typer.Option(False, "--no-plots", help="write tables only, no PNG plots")
 QUIET_OPT = typer.Option(False, "--quiet", "-q", help="no progress bar")
+RUN_QUIET_OPT = typer.Option(False, "--quiet", "-q", help="print only the line naming the output folder (no "
+                             "progress bar, no tables); errors and notes still go to stderr")
 SET_OPT = typer.Option(None, "--set", help="override a field, e.g. --set engine.max_num_seqs=64 (repeatable)")
+
+
+def _print_version(value: bool) -> None:
+    """``--version``: print the installed package's version (pyproject.toml's, from its metadata) and exit 0."""
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("servelab")
+    except PackageNotFoundError:
+        v = "unknown (the servelab package is not installed)"
+    console.print(f"servelab {v}", highlight=False, markup=False)
+    raise typer.Exit()
+
+
+@app.callback()
+def _app_options(show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                                   help="print the version and exit")) -> None:
+    """servelab: trace-driven simulator and policy lab for LLM inference serving."""
 
 
 def _fail(msg: str) -> None:
@@ -122,6 +144,10 @@ def _out_dir(exp, out: Optional[Path], set_: Optional[list[str]] = None) -> Path
 
 
 def _print_summary(summary: dict, out_dir: Path) -> None:
+    """The run's latency table, the offered and achieved load (over the arrival window and over the whole
+    duration, lab/report/run_report.py ``achieved_words``) and the line naming the output folder."""
+    from lab.report.run_report import achieved_words
+
     t = Table(title=f"{summary['experiment']}: {summary['num_finished']}/{summary['num_requests']} finished, "
                     f"{summary['num_rejected']} rejected, {summary['num_unfinished']} unfinished")
     for c in ("metric (ms)", "mean", "median", "p90", "p99"):
@@ -130,19 +156,27 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
         s = summary[m]
         t.add_row(m.upper(), *("–" if s[k] is None else f"{s[k] * 1000:.1f}" for k in ("mean", "median", "p90", "p99")))
     console.print(t)
-    console.print(f"offered: {summary.get('offered_load', '')}; achieved "
-                  f"throughput {summary['request_throughput']:.2f} req/s, "
-                  f"{summary['output_token_throughput']:.0f} output tok/s over {summary['duration_s']:.1f} s; "
+    console.print(f"offered: {summary.get('offered_load', '')}." + achieved_words(summary, " ")
+                  + f" Output {summary['output_token_throughput']:.0f} tok/s over {summary['duration_s']:.1f} s; "
                   f"{summary['num_preemptions']} preemptions; simulated in "
-                  f"{summary['simulation']['wall_time_s']:.2f} s wall")
+                  f"{summary['simulation']['wall_time_s']:.2f} s wall", highlight=False, soft_wrap=True)
+    _print_wrote(out_dir)
+
+
+def _print_wrote(out_dir: Path) -> None:
+    """The one line naming the output folder and the files in it (all ``-q`` prints)."""
     files = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
-    console.print(f"wrote {out_dir}/ ({', '.join(files)})", highlight=False)
+    console.print(f"wrote {out_dir}/ ({', '.join(files)})", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()
 def run(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, data_dir: Optional[Path] = DATA_OPT,
         set_: Optional[list[str]] = SET_OPT, no_plots: bool = NO_PLOTS_OPT,
-        quiet: bool = QUIET_OPT,
+        quiet: bool = RUN_QUIET_OPT,
+        save_detailed: bool = typer.Option(
+            False, "--save-detailed", help="as vllm bench serve: bench_result.json with the per-request lists "
+            "(ttfts, itls: each request's token gaps, ...; default: the file's output.save_detailed, else the "
+            "aggregates only)"),
         percentile_metrics: Optional[str] = typer.Option(
             None, "--percentile-metrics", help="as vllm bench serve: metrics given percentiles, e.g. ttft,tpot,itl "
             "(default: the file's output.percentile_metrics)"),
@@ -150,22 +184,27 @@ def run(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, data_d
             None, "--metric-percentiles", help="as vllm bench serve: percentiles, e.g. 90,99 "
             "(default: the file's output.metric_percentiles)")) -> None:
     """Run an experiment and write its report (into a temporary folder that replaces the output folder at the end)."""
-    from lab.report.run_report import OutputDirError, write_report
+    from lab.report.run_report import OutputDirError, write_outputs
 
     exp = _load(experiment, data_dir, set_)
     _apply_percentile_options(exp, experiment, percentile_metrics, metric_percentiles)
+    if save_detailed:  # what is reported, not what runs: the report folder stays
+        exp.output = exp.output.model_copy(update={"save_detailed": True})
     out_dir = _checked_out_dir(exp, out, set_)  # before simulating: --out at a file fails at once
     result = _simulate(exp, not quiet)
     try:
-        summary = write_report(result, out_dir, plots=exp.output.plots and not no_plots)
+        written = write_outputs(result, out_dir, plots=exp.output.plots and not no_plots)
     except OutputDirError as e:
         _fail(str(e))
     except OSError as e:
         _fail(f"{out_dir}: cannot write the outputs: {e}")
     finally:
         result.cleanup()  # the step log's spill folder
-    _print_summary(summary, out_dir)
-    _print_vllm_block(exp, out_dir)
+    if quiet:
+        _print_wrote(out_dir)
+        return
+    _print_summary(written.summary, out_dir)
+    _print_vllm_block(exp, written.bench)
 
 
 def _apply_percentile_options(exp, path: Path, metrics: Optional[str], percentiles: Optional[str]) -> None:
@@ -188,14 +227,13 @@ def _apply_percentile_options(exp, path: Path, metrics: Optional[str], percentil
         _fail(f"{path}: --{str(err['loc'][0]).replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}")
 
 
-def _print_vllm_block(exp, out_dir: Path) -> None:
-    """The ``vllm bench serve`` summary block of the run, from its bench_result.json."""
+def _print_vllm_block(exp, bench: dict) -> None:
+    """The ``vllm bench serve`` summary block of the run, from bench_result.json's mapping as the run wrote it
+    (kept in memory: the file is not read back)."""
     from lab.report.vllm_format import serving_result_block
 
-    path = out_dir / "bench_result.json"
-    if path.is_file():
-        block = serving_result_block(json.loads(path.read_text()), exp.output.metrics(), exp.output.percentiles())
-        console.print(block, highlight=False, markup=False)
+    block = serving_result_block(bench, exp.output.metrics(), exp.output.percentiles())
+    console.print(block, highlight=False, markup=False)
 
 
 def _checked_out_dir(exp, out: Optional[Path], set_: Optional[list[str]] = None) -> Path:
@@ -212,7 +250,7 @@ def _checked_out_dir(exp, out: Optional[Path], set_: Optional[list[str]] = None)
 @app.command()
 def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, data_dir: Optional[Path] = DATA_OPT,
              set_: Optional[list[str]] = SET_OPT, no_plots: bool = NO_PLOTS_OPT,
-             quiet: bool = QUIET_OPT) -> None:
+             quiet: bool = RUN_QUIET_OPT) -> None:
     """Run an experiment and compare it with the measured run it names (validation.measured): latency errors,
     per-request error distributions, queue/KV time series and where the simulated time goes."""
     from lab.report.run_report import OutputDirError
@@ -238,6 +276,9 @@ def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, d
     finally:
         for r in made:
             r.cleanup()
+    if quiet:
+        _print_wrote(out_dir)
+        return
     t = Table(title=f"{exp.name}: simulated vs measured ({report['num_compared']} requests)")
     for c in ("metric", "measured", "simulated", "error %"):
         t.add_column(c, justify="right")

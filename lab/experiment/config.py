@@ -526,6 +526,8 @@ class OutputConfig(_Strict):
                                                  "totals the summary needs (sweeps); every other output is identical")
     percentile_metrics: str = "ttft,tpot,itl,e2el"
     metric_percentiles: str = "50,90,99"
+    save_detailed: bool = Field(False, description="bench_result.json with vllm bench serve --save-detailed's "
+                                "per-request lists (ttfts, itls, ...); off: the aggregates only")
 
     @field_validator("percentile_metrics")
     @classmethod

@@ -19,11 +19,12 @@ import html
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
-import pandas as pd
-import pyarrow.parquet as pq
+
+if TYPE_CHECKING:  # imported where used: a report without charts is written without pandas
+    import pandas as pd
 
 from lab.report.html_js import CSS, JS
 
@@ -388,6 +389,8 @@ def _add_chunks(rows: list[dict], steps_path: Path, t0: float, t1: float) -> Non
     that phase (only the steps of [t0, t1] are read)."""
     if not steps_path.is_file() or not any(s[2] == "prefill" for row in rows for s in row["segs"]):
         return
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
     cols = ["instance", "start", "duration", "prefill_tokens"]
     st = pq.read_table(steps_path, columns=cols, filters=[("start", ">=", t0 - 1e-9), ("start", "<=", t1),
                                                           ("prefill_tokens", ">", 0)]).to_pandas()
@@ -441,6 +444,7 @@ def write_sweep_html(out_dir: Path, name: str, axes: dict[str, list], summary: p
     Raises:
         OSError: the file cannot be written.
     """
+    import pandas as pd  # noqa: PLC0415
     names = list(axes)
     x_axis, others = names[0], names[1:]
     summary = summary.copy()

@@ -16,13 +16,21 @@ receipt of the first and last token; ``engine_ttft`` and ``engine_e2el`` run fro
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from operator import attrgetter
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
-import pandas as pd
 
 from lab.cluster.frontend import received_time, sent_time
 from lab.core.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# A table of requests as columns: a :func:`requests_frame` DataFrame, or the mapping :func:`request_columns` returns
+# (numpy arrays for numbers, lists of str for text). The summary functions below read either, so a run's outputs
+# are computed without importing pandas (0.3 s of a short run's start-up).
+Columns = Mapping[str, "np.ndarray | list"]
 
 REQUEST_COLUMNS = [
     "request_id", "instance", "priority", "arrival_time", "first_scheduled_time", "first_token_time", "finish_time",
@@ -78,43 +86,145 @@ def latency_samples(requests: Iterable[Request]) -> dict[str, np.ndarray]:
             "e2el": np.array([x[2] for x in lat], dtype=float)}
 
 
-def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
-    """One row per request (seconds for times; NaN where a time does not exist yet); TTFT, TPOT and E2EL are
-    :func:`request_latencies` (client view), ``engine_ttft`` and ``engine_e2el`` :func:`engine_latencies`.
-    ``arrival_time`` is the client's send, ``engine_arrival_time`` the engine's queue entry, ``first_token_time``
-    and ``finish_time`` the engine's emissions, ``received_time`` the client's receipt of the last token."""
+def request_columns(requests: Sequence[Request]) -> dict[str, np.ndarray | list]:
+    """The requests table (:func:`requests_frame`) as columns, in :data:`REQUEST_COLUMNS` order, then ``session_id``
+    (sessions), ``warmup`` (closed-loop warm-up) and :data:`PD_COLUMNS` (disaggregation) when the run has them.
+
+    Numbers are numpy arrays (float64 seconds with NaN where a time does not exist yet, int64 counts); text columns
+    (``request_id``, ``status``, ``reason``, ``pool``, ``served_by``) are lists of str. The values are those of
+    :func:`request_latencies` and :func:`engine_latencies`, computed by the same float operations, column by column.
+    """
     nan = float("nan")
-    rows = []
-    for r in requests:
-        arr = r.arrival_time
-        ft = r.first_token_time
-        fin = r.finish_time if r.status == RequestStatus.FINISHED else None
-        ttft, tpot, e2el = request_latencies(r)
-        engine_ttft, engine_e2el = engine_latencies(r)
-        rows.append((
-            r.request_id, r.instance_id, r.priority, sent_time(r),
-            r.first_scheduled_time if r.first_scheduled_time is not None else nan,
-            ft if ft is not None else nan, fin if fin is not None else nan,
-            r.prompt_len, r.max_tokens, r.num_output_tokens, ttft, tpot, e2el,
-            (r.first_scheduled_time - arr) if r.first_scheduled_time is not None else nan,
-            r.num_preemptions, r.prefix_hit_tokens, _STATUS.get(r.status, "unfinished"), r.reason, r.pool,
-            ",".join(map(str, r.served_by)), r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens,
-            arr, engine_ttft, engine_e2el, received_time(r, fin) if fin is not None else nan,
-        ))
-    df = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
+    finished = RequestStatus.FINISHED
+
+    def attr(name: str) -> list:
+        return list(map(attrgetter(name), requests))
+
+    status = [_STATUS.get(s, "unfinished") for s in attr("status")]
+    fin_mask = np.array([s == "finished" for s in status], dtype=bool)
+
+    def floats(values) -> np.ndarray:
+        return np.array(values, dtype=float) if len(values) else np.zeros(0)  # None -> NaN
+
+    def ints(values) -> np.ndarray:
+        return np.array(values, dtype=np.int64) if len(values) else np.zeros(0, np.int64)
+
+    engine_arrival = floats(attr("arrival_time"))
+    sent = floats([sent_time(r) for r in requests])
+    stream = floats(attr("stream_s"))
+    first_sched = floats(attr("first_scheduled_time"))
+    first_token = floats(attr("first_token_time"))
+    finish = np.where(fin_mask, floats(attr("finish_time")), nan)
+    max_tokens = ints(attr("max_tokens"))
+    # client view (request_latencies): receipt = engine time + the request's streaming time
+    ttft = (first_token + stream) - sent
+    received = np.where(fin_mask, finish + stream, nan)
+    e2el = received - sent
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(fin_mask & (max_tokens > 1), (e2el - ttft) / (max_tokens - 1), nan)
+    cols: dict[str, np.ndarray | list] = {
+        "request_id": list(map(str, attr("request_id"))),
+        "instance": ints(attr("instance_id")),
+        "priority": ints(attr("priority")),
+        "arrival_time": sent,
+        "first_scheduled_time": first_sched,
+        "first_token_time": first_token,
+        "finish_time": finish,
+        "prompt_tokens": ints(attr("prompt_len")),
+        "output_tokens": max_tokens,
+        "generated_tokens": ints(attr("num_output_tokens")),
+        "ttft": ttft, "tpot": tpot, "e2el": e2el,
+        "queue_time": first_sched - engine_arrival,
+        "num_preemptions": ints(attr("num_preemptions")),
+        "prefix_hit_tokens": ints(attr("prefix_hit_tokens")),
+        "status": status,
+        "reason": list(map(str, attr("reason"))),
+        "pool": list(map(str, attr("pool"))),
+        "served_by": [",".join(map(str, s)) for s in attr("served_by")],
+        "num_drafts": ints(attr("num_drafts")),
+        "num_draft_tokens": ints(attr("num_draft_tokens")),
+        "num_accepted_tokens": ints(attr("num_accepted_tokens")),
+        "engine_arrival_time": engine_arrival,
+        "engine_ttft": first_token - engine_arrival,
+        "engine_e2el": finish - engine_arrival,
+        "received_time": received,
+    }
     if any(r.session_id is not None for r in requests):
-        df["session_id"] = [r.session_id or "" for r in requests]
+        cols["session_id"] = _inferred([r.session_id or "" for r in requests])
     if any(r.warmup for r in requests):
-        df["warmup"] = [r.warmup for r in requests]
+        cols["warmup"] = np.array([bool(r.warmup) for r in requests], dtype=bool)
     if any(r.remote is not None for r in requests):
         pd_rows = [ttft_decomposition(r) for r in requests]
         for i, col in enumerate(PD_COLUMNS):
-            df[col] = [row[i] for row in pd_rows]
-    df["request_id"] = df["request_id"].astype(str)
-    df["reason"] = df["reason"].astype(str)
-    df["pool"] = df["pool"].astype(str)
-    df["served_by"] = df["served_by"].astype(str)
+            cols[col] = _inferred([row[i] for row in pd_rows])
+    return cols
+
+
+def _inferred(values: list) -> np.ndarray | list:
+    """A column of Python values typed as pandas types a list: all str -> the list; all bool -> bool; ints ->
+    int64; numbers with NaN or None -> float64; anything else an object array (written through pandas)."""
+    if all(type(v) is str for v in values):
+        return values
+    if all(v is None for v in values):
+        return np.array(values, dtype=object)
+    if all(type(v) is bool or type(v) is np.bool_ for v in values):
+        return np.array(values, dtype=bool)
+    if all(type(v) is int for v in values):
+        return np.array(values, dtype=np.int64)
+    if all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
+        return np.array(values, dtype=float)
+    return np.array(values, dtype=object)
+
+
+def requests_frame(requests: Sequence[Request]) -> "pd.DataFrame":
+    """One row per request (seconds for times; NaN where a time does not exist yet); TTFT, TPOT and E2EL are
+    :func:`request_latencies` (client view), ``engine_ttft`` and ``engine_e2el`` :func:`engine_latencies`.
+    ``arrival_time`` is the client's send, ``engine_arrival_time`` the engine's queue entry, ``first_token_time``
+    and ``finish_time`` the engine's emissions, ``received_time`` the client's receipt of the last token.
+    (:func:`request_columns` as a DataFrame.)"""
+    return columns_frame(request_columns(requests))
+
+
+def columns_frame(cols: Columns) -> "pd.DataFrame":
+    """A :func:`request_columns` mapping as the :func:`requests_frame` DataFrame (text columns as pandas str)."""
+    import pandas as pd  # noqa: PLC0415 - a run's own outputs are written without pandas
+
+    df = pd.DataFrame({k: (pd.Series(v, dtype=object) if isinstance(v, list) and not v else v)
+                       for k, v in cols.items()}, columns=list(cols))
+    for c in ("request_id", "reason", "pool", "served_by"):
+        df[c] = df[c].astype(str)
     return df
+
+
+def take(cols: Columns, rows: np.ndarray) -> dict[str, np.ndarray | list]:
+    """The rows ``rows`` (a boolean mask or positions) of a column mapping (a DataFrame: its columns), in order."""
+    idx = np.flatnonzero(rows) if np.asarray(rows).dtype == bool else np.asarray(rows, dtype=np.int64)
+    out: dict[str, np.ndarray | list] = {}
+    for k in _names(cols):
+        v = cols[k]
+        if isinstance(v, list):
+            out[k] = [v[i] for i in idx.tolist()]
+        else:
+            out[k] = np.asarray(v)[idx]
+    return out
+
+
+def _names(cols: Columns) -> list[str]:
+    return list(cols.columns) if hasattr(cols, "columns") else list(cols)
+
+
+def _num(cols: Columns, name: str) -> np.ndarray:
+    """Column ``name`` as a float64 array (NaN for missing values)."""
+    return np.asarray(cols[name], dtype=float)
+
+
+def _text(cols: Columns, name: str) -> np.ndarray:
+    return np.asarray(cols[name], dtype=object) if not isinstance(cols[name], list) else np.array(cols[name])
+
+
+def _len(cols: Columns) -> int:
+    names = _names(cols)
+    return len(cols[names[0]]) if names else 0
 
 
 # Prefill/decode disaggregation: where a request's TTFT goes (seconds; they sum to TTFT), and the bytes it moved.
@@ -195,13 +305,13 @@ def engine_stats(chunks) -> dict | None:
             "peak_running": peak_running, "peak_waiting": peak_waiting}
 
 
-def summarize(df: pd.DataFrame, itl, steps: pd.DataFrame | None = None, horizon: float | None = None,
+def summarize(df: Columns, itl, steps: "pd.DataFrame | None" = None, horizon: float | None = None,
               slo: dict[str, float | None] | None = None,
               percentiles: Sequence[float] = DEFAULT_PERCENTILES, engine: dict | None = None) -> dict:
     """The run summary: counts, duration, throughputs, latency statistics, engine statistics and SLO goodput.
 
     Args:
-        df: :func:`requests_frame` output.
+        df: the requests table: :func:`requests_frame`'s DataFrame or :func:`request_columns`' mapping.
         itl: all inter-token latency samples (seconds): an array or a :class:`lab.samples.WeightedSamples`.
         steps: the per-step table (for engine statistics), optional.
         engine: engine statistics already computed (:func:`engine_stats`), instead of ``steps``.
@@ -210,98 +320,143 @@ def summarize(df: pd.DataFrame, itl, steps: pd.DataFrame | None = None, horizon:
 
     Latencies, duration (first send to the last token received) and goodput are the client's view; with
     ``engine_ttft`` / ``engine_e2el`` columns, ``engine_latency`` gives the engine's view of TTFT and E2EL (TPOT and
-    ITL are the same in both: the front-end adds one constant time to every output).
+    ITL are the same in both: the front-end adds one constant time to every output). ``arrival_window_s`` (first
+    to last send, seconds), ``arrival_window_request_throughput`` (requests received in full within that window,
+    per second; None for a window of 0 s) and ``arrival_window_in_flight`` (requests sent and not yet received in
+    full at the last send: about rate x E2EL for a server that keeps up, growing for one that does not) say what
+    the server did while requests were still arriving; the duration-based throughputs include the drain after the
+    last arrival, as ``vllm bench serve`` counts them.
     """
-    fin = df[df["status"] == "finished"]
-    n = len(df)
-    first_arrival = float(df["arrival_time"].min()) if n else 0.0
-    last = "received_time" if "received_time" in df.columns else "finish_time"
+    names = _names(df)
+    status = _text(df, "status")
+    n = len(status)
+    fin = status == "finished"
+    nfin = int(fin.sum())
+    arrival = _num(df, "arrival_time")
+    first_arrival = float(arrival.min()) if n else 0.0
+    last = "received_time" if "received_time" in names else "finish_time"
+    done_at = _num(df, last)
     if horizon is not None:
         duration = horizon - first_arrival
     else:
-        duration = (float(fin[last].max()) - first_arrival) if len(fin) else 0.0
+        duration = (float(done_at[fin].max()) - first_arrival) if nfin else 0.0
     dur = duration if duration > 0 else float("nan")
-    out_tokens = int(fin["output_tokens"].sum())
-    in_tokens = int(fin["prompt_tokens"].sum())
+    out_tokens = int(np.asarray(df["output_tokens"])[fin].sum())
+    in_tokens = int(np.asarray(df["prompt_tokens"])[fin].sum())
+    ttft, tpot, e2el = (_num(df, c)[fin] for c in ("ttft", "tpot", "e2el"))
     s: dict = {
         "num_requests": n,
-        "num_finished": int(len(fin)),
-        "num_rejected": int((df["status"] == "rejected").sum()),
-        "num_unfinished": int((df["status"] == "unfinished").sum()),
+        "num_finished": nfin,
+        "num_rejected": int((status == "rejected").sum()),
+        "num_unfinished": int((status == "unfinished").sum()),
         "duration_s": duration,
-        "request_throughput": len(fin) / dur if len(fin) else 0.0,
-        "output_token_throughput": out_tokens / dur if len(fin) else 0.0,
-        "total_token_throughput": (in_tokens + out_tokens) / dur if len(fin) else 0.0,
+        "request_throughput": nfin / dur if nfin else 0.0,
+        "output_token_throughput": out_tokens / dur if nfin else 0.0,
+        "total_token_throughput": (in_tokens + out_tokens) / dur if nfin else 0.0,
         "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens,
-        "ttft": describe(fin["ttft"], percentiles),
-        "tpot": describe(fin["tpot"], percentiles),
+        "ttft": describe(ttft, percentiles),
+        "tpot": describe(tpot, percentiles),
         "itl": itl.describe(percentiles) if hasattr(itl, "describe") else describe(itl, percentiles),
-        "e2el": describe(fin["e2el"], percentiles),
-        "queue_time": describe(fin["queue_time"], percentiles),
-        "num_preemptions": int(df["num_preemptions"].sum()),
-        "prefix_hit_tokens": int(df["prefix_hit_tokens"].sum()),
+        "e2el": describe(e2el, percentiles),
+        "queue_time": describe(_num(df, "queue_time")[fin], percentiles),
+        "num_preemptions": int(np.asarray(df["num_preemptions"]).sum()),
+        "prefix_hit_tokens": int(np.asarray(df["prefix_hit_tokens"]).sum()),
     }
-    if "engine_ttft" in df.columns:
-        s["engine_latency"] = {"ttft": describe(fin["engine_ttft"], percentiles),
-                               "e2el": describe(fin["engine_e2el"], percentiles)}
+    if n:
+        last_arrival = float(arrival.max())
+        window = last_arrival - first_arrival
+        within = fin & (done_at <= last_arrival)
+        s["arrival_window_s"] = window
+        s["arrival_window_request_throughput"] = int(within.sum()) / window if window > 0 else None
+        s["arrival_window_in_flight"] = int(((status != "rejected") & ~within).sum())
+    if "engine_ttft" in names:
+        s["engine_latency"] = {"ttft": describe(_num(df, "engine_ttft")[fin], percentiles),
+                               "e2el": describe(_num(df, "engine_e2el")[fin], percentiles)}
     eng = engine if engine is not None else (engine_stats([steps]) if steps is not None else None)
     if eng:
         s["engine"] = eng
     if slo and any(v is not None for v in slo.values()):
-        ok = pd.Series(True, index=fin.index)
-        for key, col in (("ttft_s", "ttft"), ("e2el_s", "e2el")):
+        ok = np.ones(nfin, dtype=bool)
+        for key, vals in (("ttft_s", ttft), ("e2el_s", e2el)):
             if slo.get(key) is not None:
-                ok &= fin[col] <= slo[key]
+                ok &= vals <= slo[key]  # (NaN: not met)
         if slo.get("tpot_s") is not None:
-            ok &= fin["tpot"].fillna(0.0) <= slo["tpot_s"]
+            ok &= np.where(np.isnan(tpot), 0.0, tpot) <= slo["tpot_s"]
         good = int(ok.sum())
         s["slo"] = {k: v for k, v in slo.items() if v is not None}
-        s["goodput"] = good / dur if len(fin) else 0.0
+        s["goodput"] = good / dur if nfin else 0.0
         s["slo_attainment"] = good / n if n else 0.0
     return s
 
 
-def vllm_bench_result(df: pd.DataFrame, summary: dict, itl, percentiles: Sequence[float] = (99,),
+# bench_result.json's per-request lists (vllm bench serve writes them only with --save-detailed; servelab adds
+# engine_ttfts): left out of the default file, as vLLM leaves them out
+PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "errors", "engine_ttfts")
+
+
+def vllm_bench_result(df: Columns, summary: dict, itl, percentiles: Sequence[float] = (99,),
                       max_concurrency: int | None = None, request_rate: float | None = None,
                       model_id: str = "", num_warmups: int = 0,
-                      metrics: Sequence[str] = ("ttft", "tpot", "itl", "e2el")) -> dict:
-    """The run as ``vllm bench serve --save-result --save-detailed`` writes it (benchmarks/serve.py): the same
-    keys and units (milliseconds for latencies, seconds for ``duration``, ``ttfts`` and ``itls``), so dashboards and
+                      metrics: Sequence[str] = ("ttft", "tpot", "itl", "e2el"), detailed: bool = False,
+                      itls: Sequence[Sequence[float]] | None = None) -> dict:
+    """The run as ``vllm bench serve --save-result`` writes it (benchmarks/serve.py): the same keys and units
+    (milliseconds for latencies, seconds for ``duration``, ``ttfts`` and ``itls``), so dashboards and
     ``servelab validate`` read a simulated run like a measured one.
 
-    Per request, ``itls`` is the request's mean gap (its TPOT) repeated ``output - 1`` times: the simulator keeps
-    the ITL distribution for the run (``mean_itl_ms`` etc. come from it), not per request, and the repeated gap
-    keeps TTFT + Σ ITL = E2EL exactly. Rejected and unfinished requests are ``errors``. ``df``: the measured
-    requests (warm-up excluded); ``summary``: :func:`summarize` of them. ``metrics`` and ``percentiles`` are vLLM's
-    ``--percentile-metrics`` and ``--metric-percentiles``: as in vLLM, a metric not named gets no statistics keys.
-    TTFT, TPOT, ITL and E2EL are the client's view, as vLLM measures them; servelab adds the engine's view
-    (``engine_ttfts`` per request, ``mean_engine_ttft_ms``, ``p99_engine_e2el_ms``, ...: queue entry to token
-    emitted, no front-end time) where ``df`` has the ``engine_ttft`` / ``engine_e2el`` columns."""
-    fin = df[df["status"] == "finished"]
+    Without ``detailed`` the result holds the aggregates only (counts, ``duration``, throughputs, ``failed``,
+    ``mean_<m>_ms`` ...), as vLLM writes it without ``--save-detailed``; with it, also the per-request lists
+    (:data:`PER_REQUEST_KEYS`): ``input_lens``, ``output_lens``, ``ttfts``, ``itls`` (each finished request's list
+    of gaps between the outputs that carried its tokens, seconds: ``itls``, which the caller recovers from the
+    step log, lab/report/token_gaps.py; without it, the request's TPOT repeated ``output - 1`` times) and
+    ``errors`` (the reason of every request that did not finish). Rejected and unfinished requests are
+    ``failed``. ``df``: the measured requests (warm-up excluded), a DataFrame or :func:`request_columns` mapping;
+    ``summary``: :func:`summarize` of them. ``metrics`` and ``percentiles`` are vLLM's ``--percentile-metrics`` and
+    ``--metric-percentiles``: as in vLLM, a metric not named gets no statistics keys. TTFT, TPOT, ITL and E2EL are
+    the client's view, as vLLM measures them; servelab adds the engine's view (``engine_ttfts`` per request,
+    ``mean_engine_ttft_ms``, ``p99_engine_e2el_ms``, ...: queue entry to token emitted, no front-end time) where
+    ``df`` has the ``engine_ttft`` / ``engine_e2el`` columns."""
+    names = _names(df)
+    status = _text(df, "status")
+    fin = status == "finished"
+    fin_idx = np.flatnonzero(fin)
+    out_lens = np.asarray(df["output_tokens"])[fin_idx]
     out: dict = {
-        "model_id": model_id, "num_prompts": int(len(df)), "num_warmups": num_warmups,
+        "model_id": model_id, "num_prompts": int(len(status)), "num_warmups": num_warmups,
         "request_rate": request_rate if request_rate else "inf",
-        "max_concurrency": max_concurrency, "duration": summary["duration_s"], "completed": int(len(fin)),
+        "max_concurrency": max_concurrency, "duration": summary["duration_s"], "completed": int(len(fin_idx)),
+        "failed": int(len(status) - len(fin_idx)),
         "total_input_tokens": summary["total_input_tokens"], "total_output_tokens": summary["total_output_tokens"],
         "request_throughput": summary["request_throughput"], "output_throughput": summary["output_token_throughput"],
         "total_token_throughput": summary["total_token_throughput"],
         "request_goodput": summary.get("goodput"),
-        "input_lens": [int(x) for x in fin["prompt_tokens"]], "output_lens": [int(x) for x in fin["output_tokens"]],
-        "ttfts": [float(x) for x in fin["ttft"]],
-        "itls": [[float(t)] * (int(n) - 1) if n > 1 else [] for t, n in zip(fin["tpot"], fin["output_tokens"])],
-        "errors": [str(r) for r in df.loc[df["status"] != "finished", "reason"]],
     }
+    if detailed:
+        ttft_s = _num(df, "ttft")[fin_idx]
+        if itls is None:  # no recovered gaps: the request's TPOT repeated (TTFT + sum(ITL) = E2EL still holds)
+            tpot_s = _num(df, "tpot")[fin_idx]
+            itls = [[float(t)] * (int(k) - 1) if k > 1 else [] for t, k in zip(tpot_s.tolist(), out_lens.tolist())]
+        reasons = np.asarray(df["reason"], dtype=object)[~fin] if len(status) else []
+        out.update({
+            "input_lens": [int(x) for x in np.asarray(df["prompt_tokens"])[fin_idx].tolist()],
+            "output_lens": [int(x) for x in out_lens.tolist()],
+            "ttfts": ttft_s.tolist(),
+            "itls": itls,
+            "errors": [str(r) for r in reasons],
+        })
     ms = 1e3
     for m in (m for m in ("ttft", "tpot", "e2el") if m in metrics):
-        vals = fin[m].dropna().to_numpy(dtype=float) * ms
+        vals = _num(df, m)[fin_idx]
+        vals = vals[~np.isnan(vals)] * ms
         if m == "tpot":
-            vals = np.concatenate([vals, np.zeros(int((fin["output_tokens"] <= 1).sum()))])  # vLLM: TPOT 0
+            vals = np.concatenate([vals, np.zeros(int((out_lens <= 1).sum()))])  # vLLM: TPOT 0
         _put_stats(out, m, vals, percentiles)
-    if "engine_ttft" in fin.columns:  # servelab's addition: the engine's view (queue entry -> token emitted)
-        out["engine_ttfts"] = [float(x) for x in fin["engine_ttft"]]
+    if "engine_ttft" in names:  # servelab's addition: the engine's view (queue entry -> token emitted)
+        if detailed:
+            out["engine_ttfts"] = _num(df, "engine_ttft")[fin_idx].tolist()
         for m in (m for m in ("engine_ttft", "engine_e2el") if m.removeprefix("engine_") in metrics):
-            _put_stats(out, m, fin[m].dropna().to_numpy(dtype=float) * ms, percentiles)
+            vals = _num(df, m)[fin_idx]
+            _put_stats(out, m, vals[~np.isnan(vals)] * ms, percentiles)
     if "itl" not in metrics:
         return out
     d = itl.describe(list(percentiles)) if hasattr(itl, "describe") else describe(itl, percentiles)

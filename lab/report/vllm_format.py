@@ -45,6 +45,7 @@ def serving_result_block(result: dict, metrics: Sequence[str], percentiles: Sequ
 
     Args:
         result: a bench_result.json mapping (lab/report/metrics.py ``vllm_bench_result``): ``completed``,
+            ``failed`` (else the length of ``errors``, as an older file has it),
             ``duration`` (s), ``total_input_tokens``, ``total_output_tokens``, ``request_throughput`` (req/s),
             ``output_throughput`` and ``total_token_throughput`` (tok/s), ``request_goodput`` (req/s or None),
             ``max_concurrency``, ``mean_<m>_ms``, ``median_<m>_ms``, ``p<q>_<m>_ms``.
@@ -56,7 +57,8 @@ def serving_result_block(result: dict, metrics: Sequence[str], percentiles: Sequ
     """
     lines = [_rule(" Serving Benchmark Result ", "="),
              _line("Successful requests:", result.get("completed")),
-             _line("Failed requests:", len(result.get("errors") or []))]
+             _line("Failed requests:", result["failed"] if result.get("failed") is not None
+                   else len(result.get("errors") or []))]
     if result.get("max_concurrency") is not None:  # a closed loop; vLLM prints the line only then
         lines.append(_line("Maximum request concurrency:", result.get("max_concurrency")))
     lines += [_line("Benchmark duration (s):", result.get("duration")),
