@@ -238,13 +238,36 @@ def _print_vllm_block(exp, bench: dict) -> None:
 
 def _checked_out_dir(exp, out: Optional[Path], set_: Optional[list[str]] = None) -> Path:
     """The output folder, absolute (``--out .`` is replaced too), checked to be absent, empty or an earlier output
-    folder (else a one-line error, exit 2)."""
+    folder (else a one-line error, exit 2); a default folder (no ``--out``, no ``output.dir``) that holds the report
+    of another experiment file of the same name is refused too (:func:`_other_experiment_file`)."""
     from lab.report.run_report import OutputDirError, check_out_dir
 
+    path = _out_dir(exp, out, set_)
+    other = _other_experiment_file(exp, path) if out is None and not exp.output.dir else None
+    if other is not None:
+        _fail(f"{path}: holds the report of {other}, another file with the experiment name {exp.name!r}; this run "
+              f"({Path(exp.source).resolve()}) would replace it: pass --out DIR, rename this experiment (name:), "
+              "or delete that folder")
     try:
-        return check_out_dir(_out_dir(exp, out, set_))
+        return check_out_dir(path)
     except OutputDirError as e:
         _fail(str(e))
+
+
+def _other_experiment_file(exp, folder: Path) -> Optional[str]:
+    """The experiment file an existing report ``folder`` was written from (its summary.json's ``experiment_file``)
+    when that is not ``exp``'s own file, else None (no folder, no such record, or the same file). Raises nothing."""
+    try:
+        recorded = json.loads((folder / "summary.json").read_text()).get("experiment_file")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(recorded, str) or not recorded:
+        return None
+    try:
+        same = Path(recorded).resolve() == Path(exp.source).resolve()
+    except OSError:
+        return None
+    return None if same else recorded
 
 
 @app.command()
@@ -279,6 +302,8 @@ def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, d
     if quiet:
         _print_wrote(out_dir)
         return
+    from lab.report.validate import kv_capacity_line, run_rows
+
     t = Table(title=f"{exp.name}: simulated vs measured ({report['num_compared']} requests)")
     for c in ("metric", "measured", "simulated", "error %"):
         t.add_column(c, justify="right")
@@ -287,13 +312,14 @@ def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, d
             row = report["metrics"][m][stat]
             t.add_row(f"{m.upper()} {stat}", f"{row['measured'] * 1000:.1f} ms", f"{row['simulated'] * 1000:.1f} ms",
                       f"{row['error_pct']:+.1f}")
+    for label, measured, simulated, error in run_rows(report):
+        t.add_row(label, measured, simulated, error)
     console.print(t)
-    kv = report.get("kv_capacity") or {}
-    console.print(f"KV blocks: simulated with {kv.get('used')}, derived {kv.get('derived')}, measured "
-                  f"{kv.get('measured')}")
+    console.print(kv_capacity_line(report.get("kv_capacity") or {}), highlight=False)
     plotted = " and PNG plots" if exp.output.plots and not no_plots else ""
-    console.print(f"wrote {out_dir}/validation.md, validation.json, validation_requests.csv, "
-                  f"validation_timeseries.csv{plotted}")
+    written = [f for f in ("validation.md", "validation.json", "validation_requests.csv", "validation_timeseries.csv")
+               if (out_dir / f).is_file()]
+    console.print(f"wrote {out_dir}/{', '.join(written)}{plotted}", highlight=False)
 
 
 def _simulate_with_breakdown(exp, show_progress: bool):
@@ -310,12 +336,14 @@ def _simulate_with_breakdown(exp, show_progress: bool):
 
 @app.command()
 def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", "--workloads", "-w",
-                                        help="comma-separated: azure_conv, million_16x, mooncake_conv "
-                                        "('' with --vidur: only the Vidur comparison)"),
+                                        show_default=False,
+                                        help="comma-separated: azure_conv, million_16x, mooncake_conv (default: "
+                                        "all three; '' with --vidur: only the Vidur comparison)"),
           data_dir: Optional[Path] = DATA_OPT,
           vidur: Optional[Path] = typer.Option(None, "--vidur", help="a microsoft/vidur checkout to run beside us"),
-          vidur_python: str = typer.Option(sys.executable, "--vidur-python",
-                                           help="the Python that has Vidur's dependencies"),
+          vidur_python: str = typer.Option(sys.executable, "--vidur-python", show_default=False,
+                                           help="the Python that has Vidur's dependencies (default: the one running "
+                                           "servelab)"),
           vidur_model: str = typer.Option("meta-llama/Llama-2-7b-hf", "--vidur-model",
                                           help="the model both simulators run (Vidur's name)"),
           vidur_tp: int = typer.Option(1, "--vidur-tp", min=1, help="tensor parallel size of that replica"),
@@ -331,13 +359,15 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
               None, "--vidur-attention-file", help="attention profile for Vidur, if its checkout lacks data/profiling/.../attention.csv"),
           vidur_json: Optional[Path] = typer.Option(None, "--vidur-json",
                                                     help="append the comparison's figures to this file, one JSON line"),
-          fast_forward: bool = typer.Option(True, "--fast-forward/--no-fast-forward",
-                                            help="jump over predictable decode stretches (exact); off: step by step")) -> None:
+          no_fast_forward: bool = typer.Option(False, "--no-fast-forward",
+                                               help="step by step, without jumping over predictable decode stretches "
+                                               "(the jump is exact; this times the simulator without it)")) -> None:
     """Time the simulator on fixed workloads and print a table (wall time, simulated s per wall s, requests and
     steps per wall s, peak memory); with --vidur, Vidur's time for the same model, GPU, scheduler and trace, and the
     ratio of whole-process wall times."""
-    from lab.report.bench import (VIDUR_REFERENCE, WORKLOADS, UnlikeReference, VidurCase, compare_with_vidur,
-                                  run_workload, speed_ratio)
+    from lab.cli.progress import ItemProgress
+    from lab.report.bench import (EXPECTED_WALL_S, VIDUR_REFERENCE, WORKLOADS, UnlikeReference, VidurCase,
+                                  compare_with_vidur, run_workload, speed_ratio)
     from lab.experiment.paths import PROJECT_ROOT
 
     names = [w.strip() for w in workloads.split(",") if w.strip()]
@@ -352,35 +382,55 @@ def bench(workloads: str = typer.Option("azure_conv,million_16x,mooncake_conv", 
     except ValueError as e:
         _fail(str(e))
     dd = str(data_dir) if data_dir else None
-    over = None if fast_forward else {"simulation": {"fast_forward": False}}
+    over = {"simulation": {"fast_forward": False}} if no_fast_forward else None
     results = []
     from lab.core.native import core_description
 
     err_console.print(f"hot core: {core_description()}")  # (the children import what this process imports)
+    # progress: one item per workload (and Vidur, then servelab on its requests), weighted by its expected seconds
+    vidur_items = {"vidur": VIDUR_REFERENCE.wall_s, "servelab": EXPECTED_WALL_S["azure_conv"]} if vidur else {}
+    show = ItemProgress(err_console, "bench", len(names) + len(vidur_items),
+                        sum(EXPECTED_WALL_S[n] for n in names) + sum(vidur_items.values()))
+
+    def requests_done(done: int, total: int) -> None:  # the workload's child reports its finished requests
+        show.update(done / total if total else 0.0, f"{done:,} of {total:,} requests")
+
+    with show:
+        if names:
+            t = Table(title="servelab benchmark")
+            for c in ("workload", "requests", "wall (s)", "total wall (s)", "sim s / wall s", "req / wall s",
+                      "steps / wall s", "steps jumped", "peak MB"):
+                t.add_column(c, justify="right")
+            for n in names:
+                show.start(n, EXPECTED_WALL_S[n])
+                r = run_workload(n, str(PROJECT_ROOT / WORKLOADS[n]), dd, over, requests_done)
+                show.done(f"{n}: {r.requests:,} requests, {r.sim_wall_s:.1f} s simulating")
+                results.append(r)
+                t.add_row(n, f"{r.requests:,}", f"{r.sim_wall_s:.2f}", f"{r.total_wall_s:.2f}",
+                          f"{r.sim_per_wall:,.0f}", f"{r.req_per_wall:,.0f}", f"{r.steps_per_wall:,.0f}",
+                          f"{r.jumped_share:.0%}", f"{r.peak_mb:,.0f}")
+        if vidur is not None:
+            labels = {"vidur": f"Vidur ({case.label}; {vidur_model}, TP{vidur_tp})",
+                      "servelab": "servelab on Vidur's requests"}
+
+            def stage(name: str) -> None:
+                if show.current is not None:
+                    show.done()
+                show.start(labels[name], vidur_items[name])
+
+            try:
+                import os
+
+                python = os.path.abspath(vidur_python) if os.sep in vidur_python else vidur_python  # runs in --vidur
+                cmp = compare_with_vidur(str(vidur.resolve()), python, case,
+                                         str(PROJECT_ROOT / WORKLOADS["azure_conv"]), dd, over, stage,
+                                         requests_done)
+            except (FileNotFoundError, RuntimeError, UnlikeReference) as e:
+                _fail(str(e))
+            show.done()
     if names:
-        t = Table(title="servelab benchmark")
-        for c in ("workload", "requests", "wall (s)", "total wall (s)", "sim s / wall s", "req / wall s",
-                  "steps / wall s", "steps jumped", "peak MB"):
-            t.add_column(c, justify="right")
-        for n in names:
-            err_console.print(f"running {n} ...")
-            r = run_workload(n, str(PROJECT_ROOT / WORKLOADS[n]), dd, over)
-            results.append(r)
-            t.add_row(n, f"{r.requests:,}", f"{r.sim_wall_s:.2f}", f"{r.total_wall_s:.2f}", f"{r.sim_per_wall:,.0f}",
-                      f"{r.req_per_wall:,.0f}", f"{r.steps_per_wall:,.0f}", f"{r.jumped_share:.0%}",
-                      f"{r.peak_mb:,.0f}")
         console.print(t)
     if vidur is not None:
-        err_console.print(f"running Vidur, then servelab on the same requests ({case.label}; {vidur_model}, "
-                          f"TP{vidur_tp}) ...", highlight=False)
-        try:
-            import os
-
-            python = os.path.abspath(vidur_python) if os.sep in vidur_python else vidur_python  # Vidur runs in --vidur
-            cmp = compare_with_vidur(str(vidur.resolve()), python, case,
-                                     str(PROJECT_ROOT / WORKLOADS["azure_conv"]), dd, over)
-        except (FileNotFoundError, RuntimeError, UnlikeReference) as e:
-            _fail(str(e))
         v, s = cmp.vidur, cmp.servelab
         console.print(f"Vidur ({case.label}; {vidur_model}, TP{vidur_tp}, A100): {v.wall_s:.1f} s wall (whole "
                       f"process, {v.user_cpu_s:.1f} s user CPU), {v.peak_mb:,.0f} MB peak; servelab on the same "
@@ -463,15 +513,21 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML file (docs/sweeps.md
 @app.command()
 def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.md)"), out: Optional[Path] = NAMED_OUT_OPT,
            data_dir: Optional[Path] = DATA_OPT,
+           jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="probes simulated at once (default: "
+                                              "the file's jobs, else 1); the answer does not depend on it"),
+           set_: Optional[list[str]] = typer.Option(None, "--set", help="override a field of the base experiment "
+                                                    "for every candidate, e.g. --set engine.max_num_seqs=64 "
+                                                    "(repeatable)"),
            fresh: bool = typer.Option(False, "--fresh", help="redo every probe, also those already complete in the "
                                                               "output folder with an unchanged configuration"),
            quiet: bool = QUIET_OPT) -> None:
-    """Find the highest load within an SLO, or the fewest instances for a load, by bisection over simulations, and
-    rank candidate deployments by the GPUs they need; writes search.md and search.json (replaced as one set). A
-    re-run into the same folder reuses every probe already complete with an unchanged configuration (--fresh:
-    none)."""
+    """Find the highest load within an SLO, the fewest instances for a load, or the value of a field with the most
+    goodput, over simulations, and rank candidate deployments by the GPUs they need; writes search.md and
+    search.json (replaced as one set). A re-run into the same folder reuses every probe already complete with an
+    unchanged configuration (--fresh: none)."""
+    from lab.cli.progress import SearchDisplay
     from lab.core.sched_api import SchedulerContractError
-    from lab.experiment.config import ConfigError
+    from lab.experiment.config import ConfigError, parse_set_option
     from lab.report.run_report import OutputDirError
     from lab.report.search import load_search, run_search, search_markdown
     from lab.workload.loaders import WorkloadError
@@ -479,22 +535,19 @@ def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.
 
     try:
         search_spec, where = load_search(spec)
+        overrides = parse_set_option(set_ or [])
     except ConfigError as e:
         _fail(str(e))
     _note_slo_units(search_spec.slo)
-    out_dir = out or Path("reports") / search_spec.name
-
-    def on_probe(name: str, probe) -> None:
-        if not quiet:
-            f = probe.figures
-            growing = ", backlog still growing" if f.get("queue_growing") else ""
-            how = ", reused" if probe.reused else ""
-            err_console.print(f"{name}: {probe.value} -> {'met' if probe.ok else 'missed'} (TTFT "
-                              f"{f['p_ttft'] * 1e3:.0f} ms, TPOT {f['p_tpot'] * 1e3:.1f} ms, attainment "
-                              f"{f['attainment'] * 100:.1f} %{growing}{how})", highlight=False, markup=False)
-
+    out_dir = out or Path("reports") / _suffixed(search_spec.name, set_)
+    n_jobs = jobs or search_spec.jobs
     try:
-        results = run_search(search_spec, where, out_dir, data_dir, on_probe, fresh=fresh)
+        if quiet:
+            results = run_search(search_spec, where, out_dir, data_dir, fresh=fresh, jobs=n_jobs, overrides=overrides)
+        else:
+            with SearchDisplay(err_console, search_spec) as display:
+                results = run_search(search_spec, where, out_dir, data_dir, fresh=fresh, jobs=n_jobs,
+                                     overrides=overrides, progress=display)
     except (ConfigError, OutputDirError, PolicyError, WorkloadError, SchedulerContractError, FileNotFoundError) as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -505,8 +558,20 @@ def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.
     console.print(text.split("\n\nProbes")[0], highlight=False, markup=False)
     probes = [p for r in results for p in r.probes]
     reused = sum(p.reused for p in probes)
-    console.print(f"{len(probes)} probes ({reused} reused, {len(probes) - reused} simulated); wrote "
-                  f"{out_dir}/search.md and search.json", highlight=False)
+    ahead = sum(not p.needed for p in probes)
+    console.print(f"{len(probes)} probes ({reused} reused, {len(probes) - reused} simulated"
+                  + (f", {ahead} simulated ahead and not needed" if ahead else "")
+                  + f"; {n_jobs} at a time); wrote {out_dir}/search.md and search.json", highlight=False)
+
+
+def _suffixed(name: str, set_: Optional[list[str]]) -> str:
+    """``name``, with ``--set`` overrides their values as a suffix (as ``servelab run`` names its default folder), so
+    an override never replaces the report of the file as it is."""
+    if not set_:
+        return name
+    import re
+
+    return f"{name}+" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", "+".join(set_))[:120]
 
 
 @app.command()
@@ -553,10 +618,19 @@ def compare(spec: Path = typer.Argument(..., help="comparison YAML file"), out: 
 
 
 @app.command()
-def catalog() -> None:
-    """List the models and GPUs the catalogs know."""
-    from lab.costmodel.hardware import hardware_names, load_hardware
+def catalog(gpu_catalog: Optional[list[Path]] = typer.Option(
+        None, "--gpu-catalog", metavar="FILE", help="also list the GPUs of this user GPU catalog (the YAML file an "
+        "experiment names in hardware.gpu_catalog), after checking them; repeatable")) -> None:
+    """List the models and GPUs the catalogs know (with --gpu-catalog, a user's GPUs too)."""
+    from lab.costmodel.hardware import GPUCatalogError, hardware_names, load_gpu_catalog, load_hardware
     from lab.costmodel.model_arch import load_model, model_names
+
+    user = []
+    for path in gpu_catalog or []:
+        try:
+            user += [(n, str(path)) for n in load_gpu_catalog(path)]
+        except GPUCatalogError as e:
+            _fail(str(e))
 
     t = Table(title="models")
     for c in ("name", "layers", "hidden", "heads/kv", "params (B)", "active (B)", "KV B/token (bf16)"):
@@ -567,12 +641,13 @@ def catalog() -> None:
                   f"{m.params_total() / 1e9:.2f}", f"{m.params_active() / 1e9:.2f}", f"{m.kv_bytes_per_token():,}")
     console.print(t)
     t = Table(title="GPUs")
-    for c in ("name", "BF16 TFLOPS", "FP8 TFLOPS", "memory (GB)", "bandwidth (TB/s)", "link (GB/s)"):
+    for c in ("name", "BF16 TFLOPS", "FP8 TFLOPS", "memory (GB)", "bandwidth (TB/s)", "link (GB/s)", "from"):
         t.add_column(c)
-    for n in hardware_names():
+    for n, where in [(n, "packaged") for n in hardware_names()] + user:
         h = load_hardware(n)
         t.add_row(n, f"{h.bf16_flops / 1e12:.0f}", f"{h.fp8_flops / 1e12:.0f}" if h.fp8_flops else "–",
-                  f"{h.memory_bytes / 1e9:.1f}", f"{h.memory_bandwidth / 1e12:.2f}", f"{h.link_bandwidth / 1e9:.0f}")
+                  f"{h.memory_bytes / 1e9:.1f}", f"{h.memory_bandwidth / 1e12:.2f}", f"{h.link_bandwidth / 1e9:.0f}",
+                  where)
     console.print(t)
 
 
@@ -709,6 +784,48 @@ def traces_fetch(name: str = typer.Argument(..., help="trace name (servelab trac
     except CatalogError as e:
         _fail(str(e))
     console.print(f"{name}: {p} (sha256 verified)", highlight=False)
+
+
+def _tidy_help(*apps: typer.Typer) -> None:
+    """Make ``--help`` read as prose the terminal wraps.
+
+    typer's Rich help keeps a docstring's single line breaks (the command list and the text after a command's first
+    line showed the source's 120-column wrapping as ragged lines at 80 columns): each command's help becomes its
+    docstring with the lines of every paragraph joined. And typer 0.2x prints a value type after every option,
+    ``<bool>`` after a flag (``--quiet <bool>``, even ``--help <bool>``) as if it took a value, and
+    ``<list[str]>`` after a repeatable option: a flag shows none, a repeatable option its element (``<str>``; its
+    help says it repeats), a bounded number its type and bounds (``<int> [x>=1]``, not ``<int range> [x>=1]``).
+    Only the help's rendering changes, never parsing.
+    """
+    import inspect
+    import re
+
+    for a in apps:
+        for info in a.registered_commands:
+            text = info.help if info.help is not None else inspect.getdoc(info.callback) or ""
+            info.help = "\n\n".join(" ".join(p.split()) for p in text.split("\n\n"))
+    from typer import core
+
+    for cls in (getattr(core, "TyperOption", None), getattr(core, "TyperArgument", None)):
+        shown = getattr(cls, "display_type_rich", None)
+        if shown is None or getattr(shown, "_servelab_tidy", False):
+            continue
+
+        def display_type_rich(self, ctx, _shown=shown):
+            if self.metavar is None and getattr(self, "is_flag", False):
+                return None
+            label = _shown(self, ctx)
+            if isinstance(label, str) and self.metavar is None:
+                label = re.sub(r"^<list\[(\w+)\]>(\.\.\.)?$", lambda m: f"<{m.group(1).lower()}>{m.group(2) or ''}",
+                               label)
+                label = re.sub(r"^<(\w+) range>$", r"<\1>", label)  # the range itself follows: <int> [x>=1]
+            return label
+
+        display_type_rich._servelab_tidy = True  # type: ignore[attr-defined]
+        cls.display_type_rich = display_type_rich
+
+
+_tidy_help(app, traces_app)
 
 
 def main(prog_name: str | None = None) -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
-from lab.costmodel.hardware import load_hardware
+from lab.costmodel.hardware import load_gpu_catalog, load_hardware, register_gpu
 from lab.costmodel.model_arch import load_model
 from lab.experiment.paths import default_data_dir, expand_path
 from policies import PolicyError, check_router, check_scheduler
@@ -127,10 +128,16 @@ class WorkloadConfig(_Strict):
         return self
 
 
-class ModelConfig(_Strict):
-    """The served model: a catalog name (``servelab catalog`` lists them) or a Hugging Face config.json."""
+DEFAULT_MODEL = "Llama-3.1-8B"
 
-    name: str = "Llama-3.1-8B"
+
+class ModelConfig(_Strict):
+    """The served model: a catalog name (``servelab catalog`` lists them) or a Hugging Face config.json.
+
+    Without ``hf_config``, ``name`` is a catalog name (default :data:`DEFAULT_MODEL`). With it, ``name`` is only the
+    label reports show; unset, the label comes from the config (lab/costmodel/model_arch.py ``hf_model_name``)."""
+
+    name: str | None = Field(None, description="catalog name; with hf_config, the label (default: from the config)")
     hf_config: str | None = None
     dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
@@ -138,6 +145,8 @@ class ModelConfig(_Strict):
     @model_validator(mode="after")
     def _known(self) -> "ModelConfig":
         if self.hf_config is None:  # a config.json names its own architecture; only a bare name must be known
+            if self.name is None:
+                self.name = DEFAULT_MODEL
             load_model(self.name)  # ValueError listing the catalog
         return self
 
@@ -145,7 +154,11 @@ class ModelConfig(_Strict):
 class HardwareConfig(_Strict):
     """The GPU of one instance and its parallelism (lab/costmodel/parallel.py; vLLM's argument names)."""
 
-    gpu: str = "H100-SXM5-80GB"
+    # gpu_catalog comes first: validated before gpu, so gpu may name one of its GPUs
+    gpu_catalog: str | None = Field(None, description="a YAML file of user GPUs (fields as lab/catalog/hardware.yaml), "
+                                    "relative to the experiment file")
+    gpu: str = Field("H100-SXM5-80GB", description="a GPU name (packaged, or from gpu_catalog), or a mapping that "
+                     "describes one: name plus the fields of a lab/catalog/hardware.yaml entry")
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1, description="pipeline stages per instance")
     expert_parallel_size: int = Field(1, ge=1, description="GPUs the MoE experts are split over (= TP x DP)")
@@ -159,10 +172,33 @@ class HardwareConfig(_Strict):
     link_gbps: float | None = Field(None, gt=0, description="override the catalog's per-GPU link bandwidth (GB/s)")
     link_latency_us: float = Field(10.0, ge=0, description="collective latency per call (µs)")
 
-    @field_validator("gpu")
+    @field_validator("gpu_catalog")
     @classmethod
-    def _known_gpu(cls, v: str) -> str:
-        load_hardware(v)  # ValueError listing the catalog
+    def _read_gpu_catalog(cls, v: str | None, info: ValidationInfo) -> str | None:
+        """Register the file's GPUs (lab/costmodel/hardware.py ``load_gpu_catalog``); the path is kept absolute."""
+        if v is None:
+            return v
+        ctx = info.context or {}
+        path = expand_path(v, Path(ctx.get("data_dir") or default_data_dir()), Path(ctx.get("base_dir") or Path.cwd()),
+                           "hardware.gpu_catalog")
+        load_gpu_catalog(path)  # GPUCatalogError (a ValueError): one line naming the file, the GPU and the field
+        return str(path)
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _known_gpu(cls, v: Any, info: ValidationInfo) -> Any:
+        """A name must be known (packaged or from gpu_catalog); a mapping describes a GPU (``name`` plus catalog
+        fields), registered under its name, which the field then holds."""
+        if isinstance(v, dict):
+            name = v.get("name")
+            if not isinstance(name, str) or not name:
+                raise ValueError("a GPU described here needs 'name' (and the fields of a lab/catalog/hardware.yaml "
+                                 "entry)")
+            source = (info.context or {}).get("source", "<experiment>")
+            register_gpu(name, {k: x for k, x in v.items() if k != "name"}, "", f"{source} (hardware.gpu)")
+            return name
+        if isinstance(v, str) and "gpu_catalog" in info.data:  # (a bad catalog is reported on its own)
+            load_hardware(v)  # ValueError listing the catalog
         return v
 
 
@@ -699,7 +735,7 @@ def _format_errors(source: str, err: ValidationError, root: type[BaseModel] | No
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
         got = e.get("input")
-        got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+        got_s = "" if isinstance(got, dict) or (isinstance(got, str) and got and got in e["msg"]) else f" (got {got!r})"
         if e["type"] == "extra_forbidden":
             msg, got_s = _unknown_field_message(tuple(e["loc"]), root), ""
         else:
@@ -719,8 +755,8 @@ def parse_experiment(data: dict, source: str = "<experiment>", base_dir: Path | 
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a YAML mapping at the top level, got {type(data).__name__}")
-    try:
-        exp = Experiment.model_validate(data)
+    try:  # the context resolves hardware.gpu_catalog and names the file of an inline GPU
+        exp = Experiment.model_validate(data, context={"base_dir": base_dir, "data_dir": data_dir, "source": source})
     except ValidationError as e:
         unknown = any(x["type"] == "extra_forbidden" for x in e.errors())
         raise (UnknownFieldError if unknown else ConfigError)(_format_errors(source, e)) from None
@@ -757,7 +793,8 @@ def pool_experiments(exp: Experiment) -> list[tuple[PoolConfig | None, Experimen
             cluster["router_options"] = pool.router_options
         data["cluster"] = cluster
         try:
-            sub = Experiment.model_validate(data)
+            sub = Experiment.model_validate(data, context={"base_dir": exp.base_dir, "data_dir": exp.resolved_data_dir,
+                                                           "source": exp.source})
         except ValidationError as e:
             raise ConfigError(_format_errors(f"{exp.source} [pools[{i}] {pool.name}]", e)) from None
         sub.base_dir = exp.base_dir

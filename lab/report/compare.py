@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from lab.experiment.config import ConfigError, _format_errors, deep_merge, parse_experiment, read_yaml
 from lab.report.metrics import latency_samples
 from lab.experiment.simulation import simulate
-from lab.report.plots import pyplot
+from lab.report.plots import draw_slo, pyplot, series_style, shared_legend
 from lab.report.run_report import (OutputDirError, atomic_dir, check_out_dir, linux_libc, pid_alive,
                                    remove_stale_temps, write_report)
 
@@ -541,7 +541,8 @@ def comparison_markdown(spec: ComparisonSpec, table: pd.DataFrame, figures: dict
 
 
 def plot_groups(spec: ComparisonSpec, results: list[dict], out_dir: Path) -> dict[str, str]:
-    """One figure per group: a row per trace, TTFT / TPOT / E2EL CDFs of every variant side by side."""
+    """One figure per group: a row per trace, TTFT / TPOT / E2EL CDFs of every variant side by side, one tab10
+    colour per variant, the runs' SLO bounds as vertical lines, and one legend for the figure at its right."""
     plt = pyplot()
 
     figs = {}
@@ -554,25 +555,28 @@ def plot_groups(spec: ComparisonSpec, results: list[dict], out_dir: Path) -> dic
             for j, metric in enumerate(("ttft", "tpot", "e2el")):
                 ax = axes[i][j]
                 k = 0
+                slo = None
                 for res in results:
                     if res["group"] != g or res["trace"] != t:
                         continue
                     v = np.sort(np.asarray(res[metric], dtype=float))
                     v = v[np.isfinite(v) & (v > 0)]
-                    if len(v):  # tab20 colours, a new line style every 10 variants
+                    if len(v):  # tab10 colours, a new line style every 10 variants (plots.series_style)
                         ax.plot(v * 1000, np.arange(1, len(v) + 1) / len(v), label=res["variant"], lw=1.2,
-                                color=plt.cm.tab20(k % 20), ls=("-", "--", ":")[(k // 10) % 3])
+                                **series_style(k))
                     k += 1
+                    slo = slo or res["summary"].get("slo")
+                draw_slo(ax, slo, metric)
                 ax.set_xscale("log")
                 _label_log_minor_ticks(ax.xaxis)
                 ax.set_xlabel(f"{metric.upper()} (ms, log)")
                 ax.set_ylabel("CDF")
                 ax.set_title(f"{t}: {metric.upper()}", fontsize=10)
                 ax.grid(alpha=0.3)
-            axes[i][0].legend(fontsize=7)
         fig.tight_layout()
+        shared_legend(fig, axes.flat)
         name = f"{g}_cdf.png"
-        fig.savefig(out_dir / name, dpi=100)
+        fig.savefig(out_dir / name, dpi=100, bbox_inches="tight")
         plt.close(fig)
         figs[g] = name
     return figs

@@ -413,20 +413,24 @@ def _add_chunks(rows: list[dict], steps_path: Path, t0: float, t1: float) -> Non
 
 # ---------------------------------------------------------------- sweep report
 
-# metric -> (label, unit scale, SLO field whose threshold applies)
+# metric column (lab/report/sweep.py METRICS, already in the unit of its name) -> (label, SLO field whose
+# threshold applies: seconds in the experiment, drawn in ms on the ms charts)
+_LATENCY_LABELS = {"ttft": ("TTFT", "ttft_s"), "tpot": ("TPOT", "tpot_s"), "itl": ("ITL", None),
+                   "e2el": ("E2EL", "e2el_s"), "queue_time": ("queue time", None)}
 _SWEEP_METRICS = {
-    "request_throughput": ("request throughput (req/s)", 1.0, None),
-    "output_token_throughput": ("output throughput (tok/s)", 1.0, None),
-    "ttft_mean": ("TTFT mean (ms)", 1000.0, "ttft_s"), "ttft_p99": ("TTFT p99 (ms)", 1000.0, "ttft_s"),
-    "tpot_mean": ("TPOT mean (ms)", 1000.0, "tpot_s"), "tpot_p99": ("TPOT p99 (ms)", 1000.0, "tpot_s"),
-    "e2el_mean": ("E2EL mean (ms)", 1000.0, "e2el_s"), "e2el_p99": ("E2EL p99 (ms)", 1000.0, "e2el_s"),
-    "goodput": ("goodput (req/s)", 1.0, None), "slo_attainment": ("SLO attainment (%)", 100.0, None),
-    "num_preemptions": ("preemptions", 1.0, None), "num_finished": ("finished requests", 1.0, None),
+    "request_throughput_req_s": ("request throughput (req/s)", None),
+    "output_throughput_tok_s": ("output throughput (tok/s)", None),
+    "total_token_throughput_tok_s": ("total token throughput (tok/s)", None),
+    "request_goodput_req_s": ("goodput (req/s)", None), "slo_attainment_pct": ("SLO attainment (%)", None),
+    **{f"{m}_{s}_ms": (f"{label} {s} (ms)", slo) for m, (label, slo) in _LATENCY_LABELS.items()
+       for s in ("mean", "p50", "p90", "p95", "p99")},
+    "num_preemptions": ("preemptions", None), "num_finished": ("finished requests", None),
 }
 
 
 def write_sweep_html(out_dir: Path, name: str, axes: dict[str, list], summary: pd.DataFrame,
-                     metrics: Sequence[str], slo: dict | None = None, num_runs: int | None = None) -> Path:
+                     metrics: Sequence[str], slo: dict | None = None, num_runs: int | None = None,
+                     table_metrics: Sequence[str] | None = None) -> Path:
     """Write ``out_dir/sweep.html`` from a sweep's per-point table and return its path.
 
     Args:
@@ -434,9 +438,11 @@ def write_sweep_html(out_dir: Path, name: str, axes: dict[str, list], summary: p
         name: the sweep's name (the page title).
         axes: axis field path -> its values, in the sweep file's order; the first is the x axis of every chart,
             each combination of the others one line.
-        summary: ``sweep_summary.csv``'s table: one row per point with the axes as columns and ``<metric>_mean``,
-            ``<metric>_ci95`` (95 % half-width; empty with one replication) per metric, in seconds for latencies.
+        summary: ``sweep_summary.csv``'s table: one row per point with the axes as columns and, per metric,
+            ``<metric>`` (the mean over the replications) and ``<metric>_ci95`` (95 % half-width; empty with one
+            replication), in the unit the metric's name ends with (``_ms``, ``_req_s``, ``_pct``, ...).
         metrics: the metric names to chart, in order.
+        table_metrics: the metric names of the table of points (default: ``metrics``).
         slo: the base experiment's ``slo`` mapping (``ttft_s``, ``tpot_s``, ``e2el_s``; seconds); each set field is
             drawn as a dashed line on the charts of its metric (not where an axis sweeps that field).
         num_runs: runs in the sweep (for the heading).
@@ -470,13 +476,14 @@ def write_sweep_html(out_dir: Path, name: str, axes: dict[str, list], summary: p
     if one_line:
         others = []
     for m in metrics:
-        label, scale, slo_key = _SWEEP_METRICS.get(m, (m, 1.0, None))
+        label, slo_key = _SWEEP_METRICS.get(m, (m, None))
+        scale = 1.0  # the columns are in the unit of their names already
         series = []
         for key, grp in groups:
             key = key if isinstance(key, tuple) else (key,)
             grp = grp.set_index(x_axis).reindex([v for v in x_vals if v in set(grp[x_axis])])
             xs = grp.index.tolist() if numeric else [x_vals.index(v) for v in grp.index]
-            mean = pd.to_numeric(grp[f"{m}_mean"], errors="coerce").to_numpy(float) * scale
+            mean = pd.to_numeric(grp[m], errors="coerce").to_numpy(float) * scale
             ci_col = grp[f"{m}_ci95"] if f"{m}_ci95" in grp else pd.Series(np.nan, index=grp.index)
             ci = pd.to_numeric(ci_col, errors="coerce").to_numpy(float) * scale
             s = {"name": ", ".join(f"{a}={v}" for a, v in zip(others, key)) or "mean", "x": [float(x) for x in xs],
@@ -489,13 +496,13 @@ def write_sweep_html(out_dir: Path, name: str, axes: dict[str, list], summary: p
             spec["xcats"] = [str(v) for v in x_vals]
         if slo_key in slo:
             limit = slo[slo_key]
-            spec["hlines"] = [{"y": limit * scale, "label": f"SLO {slo_key[:-2].upper()} {limit * 1000:g} ms"}]
+            spec["hlines"] = [{"y": limit * 1000.0, "label": f"SLO {slo_key[:-2].upper()} {limit * 1000:g} ms"}]
         data["charts"][f"sweep_{m}"] = spec
         body.append(_figure("chart", f"sweep_{m}", label))
     body.append("</div>")
     body += ["<h2>Points</h2>", '<p class="note">mean ± 95 % half-width over the replications; click a column to '
-             'sort. The same numbers are in sweep_summary.csv (seconds there).</p>',
-             _sweep_table(summary, names, metrics)]
+             'sort. The same numbers are in sweep_summary.csv (in the units of its column names).</p>',
+             _sweep_table(summary, names, table_metrics if table_metrics is not None else metrics)]
     path = out_dir / "sweep.html"
     path.write_text(_page(f"servelab sweep: {name}", body, data), encoding="utf-8")
     return path
@@ -504,13 +511,13 @@ def write_sweep_html(out_dir: Path, name: str, axes: dict[str, list], summary: p
 def _sweep_table(summary: pd.DataFrame, axes: list[str], metrics: Sequence[str]) -> str:
     counts = [c for c in ("replications", "failed") if c in summary]
     head = ["point", *axes, *counts] + [_SWEEP_METRICS.get(m, (m,))[0] for m in metrics]
+    scale = 1.0  # the columns are in the unit of their names already
     rows = []
     for _, r in summary.iterrows():
         cells = ([_cell(r["point"], "{:.0f}")] + [_text(r[a]) for a in axes]
                  + [_cell(r[c], "{:.0f}") for c in counts])
         for m in metrics:
-            scale = _SWEEP_METRICS.get(m, (m, 1.0))[1]
-            mean, ci = _num(r.get(f"{m}_mean")), _num(r.get(f"{m}_ci95"))
+            mean, ci = _num(r.get(m)), _num(r.get(f"{m}_ci95"))
             if mean is None:
                 cells.append('<td data-v="">–</td>')
                 continue

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple
 import numpy as np
 
 from lab.core.step_log import STEP_COLUMNS, StepTotals
-from lab.report.plots import pyplot
+from lab.report.plots import draw_slo, pyplot, series_style
 from lab.report.metrics import (columns_frame, request_columns, speculative_stats, summarize, take,
                                 vllm_bench_result)
 from lab.experiment.speculative import acceptance_rates
@@ -218,6 +218,7 @@ def collect_columns(result: SimResult) -> tuple[dict, dict]:
         summary["num_warmup"] = int(np.asarray(req["warmup"]).sum())
     dep = result.deployment
     summary["experiment"] = exp.name
+    summary["experiment_file"] = str(Path(exp.source).resolve()) if Path(exp.source).is_file() else None
     summary["offered_load"] = offered_load(exp)
     summary["instances"] = instances_table(req, result, summary["duration_s"])
     summary["num_swaps"] = int(sum(r.num_swaps for r in result.requests))
@@ -936,7 +937,9 @@ def plot_all(req: pd.DataFrame, series: pd.DataFrame | None, result: SimResult, 
                                        ("E2EL", (fin["e2el"], None)))):
         x, y = cdf_points(*vals)
         if len(x):
-            ax.plot(x * 1000, y)
+            ax.plot(x * 1000, y, label="simulated", **series_style(0))
+        if draw_slo(ax, result.experiment.slo, name) is not None:  # the SLO bound as a vertical line
+            ax.legend(fontsize=8, loc="lower right")
         ax.set_xlabel(f"{name} (ms)")
         ax.set_ylabel("CDF")
         ax.set_title(f"{name} of finished requests" if name != "ITL" else "ITL (every token gap)", fontsize=10)
