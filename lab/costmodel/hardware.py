@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.costmodel.catalog import read_catalog
+from lab.costmodel.links import LINKS
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,6 @@ def check_gpu_entry(name: str, entry: Any, where: str) -> dict[str, Any]:
     Raises:
         GPUCatalogError: ``<where>.<field>: <what is wrong>`` for the first bad, missing or unknown field.
     """
-    from lab.costmodel import comm  # noqa: PLC0415 - comm imports this module
-
     if not isinstance(entry, dict):
         raise GPUCatalogError(f"{where or 'gpu'}: expected a mapping of GPU fields ({', '.join(GPU_FIELDS)}), got "
                               f"{type(entry).__name__}")
@@ -126,9 +125,9 @@ def check_gpu_entry(name: str, entry: Any, where: str) -> dict[str, Any]:
                 raise GPUCatalogError(f"{_at(where, field)}: missing ({what})")
             continue
         if field in _LINK_FIELDS:
-            if value not in comm.LINKS:
+            if value not in LINKS:
                 raise GPUCatalogError(f"{_at(where, field)}: {value!r} is not a known link type; expected one of "
-                                      f"{', '.join(sorted(comm.LINKS))}")
+                                      f"{', '.join(sorted(LINKS))}")
         elif field == "fit_proxy":
             if value not in _catalog():
                 raise GPUCatalogError(f"{_at(where, 'fit_proxy')}: {value!r} is not a packaged GPU; expected one of "
