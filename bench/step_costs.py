@@ -10,7 +10,7 @@ It also sorts every real schedule (one the fast-forward did not absorb) by what 
 entered the running batch), ``chunk`` (a running request's prompt continued), ``decode`` (decodes only),
 ``preempt`` (it preempted), combined as ``admit+chunk`` and so on; by whether the step before was a jump or a real
 step; and by whether requests were waiting. Fast-forward plans that came back empty are counted by a reason told
-from the instance's state (:func:`_plan_outcome`; the check in lab/engine/fastforward.py that refused is not
+from the instance's state (:func:`_plan_outcome`; the check in lab/engine/jump/ that refused is not
 recorded, so the reasons are the likely ones).
 
 Usage::
@@ -44,7 +44,8 @@ os.environ["SERVELAB_PURE_PYTHON"] = "1"
 from lab.cluster.cluster import RouterError  # noqa: E402
 from lab.core import kv_cache, step_log  # noqa: E402
 from lab.core.sched_api import SchedulerContractError  # noqa: E402
-from lab.engine import fastforward, instance  # noqa: E402
+from lab.engine import instance, jump  # noqa: E402
+from lab.engine.jump import applying, arrivals, core, pricing  # noqa: E402
 from lab.experiment.config import ConfigError, deep_merge, load_experiment, parse_set_option  # noqa: E402
 from lab.experiment.simulation import build_requests, simulate  # noqa: E402
 from lab.workload.loaders import WorkloadError  # noqa: E402
@@ -52,19 +53,19 @@ from policies import PolicyError  # noqa: E402
 
 # (owner, attribute, label): the functions timed, in the order the table lists them
 TIMED = [
-    (fastforward, "apply", "fastforward.apply (a jump's bookkeeping)"),
-    (fastforward, "_effects", "  fastforward._effects (first tokens and completions of a stretch)"),
+    (jump, "apply", "jump.apply (a jump's bookkeeping)"),
+    (applying, "effects", "  jump.applying.effects (first tokens and completions of a stretch)"),
     (instance.Instance, "complete", "  Instance.complete (a completion in a jump)"),
     (kv_cache.BlockPool, "free_unique", "  BlockPool.free_unique (a finished request's blocks)"),
-    (fastforward, "_admit_planned", "  fastforward._admit_planned (an admission in a jump)"),
-    (fastforward, "_rows", "  fastforward._rows (a jump's step-log rows and ITL samples)"),
-    (fastforward, "plan", "fastforward.plan"),
-    (fastforward, "decode_times", "  fastforward.decode_times (the plan's step times)"),
-    (fastforward, "_bound", "  fastforward._bound (KV and admission bound)"),
-    (fastforward, "_through_arrivals", "  fastforward._through_arrivals (planned admissions)"),
-    (fastforward, "_decode_stretch", "    fastforward._decode_stretch (the decodes after an admission)"),
-    (fastforward, "_through_queue", "  fastforward._through_queue (admissions of the queue's heads)"),
-    (fastforward, "_block_events", "  fastforward._block_events"),
+    (applying, "admit_planned", "  jump.applying.admit_planned (an admission in a jump)"),
+    (applying, "write_rows", "  jump.applying.write_rows (a jump's step-log rows and ITL samples)"),
+    (jump, "plan", "jump.plan"),
+    (pricing, "decode_times", "  jump.pricing.decode_times (the plan's step times)"),
+    (core, "plan_bound", "  jump.blocks.plan_bound (KV and admission bound)"),
+    (core, "through_arrivals", "  jump.arrivals.through_arrivals (planned admissions)"),
+    (arrivals, "decode_stretch", "    jump.admitting.decode_stretch (the decodes after an admission)"),
+    (core, "through_queue", "  jump.queue_walk.through_queue (admissions of the queue's heads)"),
+    (core, "block_events", "  jump.blocks.block_events"),
     (instance.Instance, "schedule_step", "Instance.schedule_step (a real schedule)"),
     (instance.Instance, "price_step", "Instance.price_step (a real step's cost)"),
     (instance.Instance, "finish_step", "Instance.finish_step (a real step's outputs)"),

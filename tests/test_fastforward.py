@@ -156,17 +156,17 @@ def test_a_jump_starts_with_the_preemptions_of_its_first_schedule(monkeypatch, v
     """Overloaded, KV full: a decode of schedule 0 finds no free block, so vLLM V1 preempts the last running
     requests (decode_preemption_reason); the jump starts with those preemptions and goes on with their victims at
     the head of the queue (sync and async; own freed blocks hittable or not), and a later schedule of a walk
-    through the queue that runs out of blocks preempts the same way (fastforward._walk_preemptions: victims that
+    through the queue that runs out of blocks preempts the same way (jump.queue_walk.walk_preemptions: victims that
     were running at the jump's start or admitted by it, one whose prompt step is in flight, a request preempted
     twice in one jump), through their resumptions too: the
-    free queue's order (fastforward._FreeOrder) gives each its hit, what is left of its own freed blocks (0.33
+    free queue's order (jump.free_order.FreeOrder) gives each its hit, what is left of its own freed blocks (0.33
     frees partial blocks to the queue's head, 0.11 to its tail; under 0.11 heads preempted before a jump are found
     in the queue at its start, _track_runs)."""
-    from lab.engine import fastforward
+    from lab.engine.jump import applying, free_order
 
     planned: list[int] = []
-    planned_later: list[int] = []  # preemptions of a later schedule of a jump (fastforward._walk_preemptions)
-    preempt = fastforward._preempt_planned
+    planned_later: list[int] = []  # preemptions of a later schedule of a jump (jump.queue_walk.walk_preemptions)
+    preempt = applying.preempt_planned
 
     def counted(inst, plan, j, before):
         if j:
@@ -175,15 +175,15 @@ def test_a_jump_starts_with_the_preemptions_of_its_first_schedule(monkeypatch, v
             planned.append(sum(1 for kept, _, _ in plan.victims if kept == before))
         preempt(inst, plan, j, before)
 
-    monkeypatch.setattr(fastforward, "_preempt_planned", counted)
+    monkeypatch.setattr(applying, "preempt_planned", counted)
     resumed: list[int] = []  # hits of the victims' resumptions planned in the same jump (prefix caching)
-    touch = fastforward._FreeOrder.touch
+    touch = free_order.FreeOrder.touch
 
     def touched(order, request, hit_blocks):
         resumed.append(hit_blocks)
         touch(order, request, hit_blocks)
 
-    monkeypatch.setattr(fastforward._FreeOrder, "touch", touched)
+    monkeypatch.setattr(free_order.FreeOrder, "touch", touched)
     spec = [(0.001, 150 + 7 * i % 90, 60 + 13 * i % 70, None) for i in range(40)]
     res = assert_same(spec, version=version, blocks=60, seqs=16, caching=caching)
     # (of 22-38 preemptions, 47-100 % are planned; most of them at a later schedule of a jump)
@@ -379,7 +379,7 @@ def test_fast_forward_equals_step_by_step_when_overloaded(spec, sched, blocks, s
                                                           horizon):
     # Arrivals faster than service and a small cache: a queue blocked by KV or max_num_seqs, jumps that start
     # right after an admitting step (SchedulerOutput.waiting_blocked) and arrivals queued behind the blocked head
-    # during a jump (fastforward.absorb_arrival); 20 blocks (320 tokens) reject the longest requests at arrival
+    # during a jump (jump.absorb_arrival); 20 blocks (320 tokens) reject the longest requests at arrival
     name, version = sched.split("/")
     assert_same(spec, scheduler=name, options={"chunk_size": chunk} if name == "sarathi" else {}, version=version,
                 blocks=blocks, seqs=seqs, caching=caching, cpu=cpu, preemption=preemption, horizon=horizon)
@@ -459,18 +459,18 @@ def test_a_subclass_with_its_own_admission_does_not_inherit_the_admission_rule()
 @given(spec=overload_spec, sched=st.sampled_from(["vllm_v1/0.33", "vllm_v1/0.11", "sarathi/0.11"]),
        blocks=st.sampled_from([20, 40, 120]), seqs=st.sampled_from([3, 16]), caching=st.booleans())
 def test_the_numpy_block_count_of_large_batches_bounds_jumps_as_the_python_one(spec, sched, blocks, seqs, caching):
-    # fastforward._bound counts the blocks a plan's schedules take with numpy from _VECTOR_BOUND_FROM running
+    # jump.blocks.plan_bound counts the blocks a plan's schedules take with numpy from _VECTOR_BOUND_FROM running
     # requests on. With the threshold at 1 every bound takes that path: results must equal step-by-step simulation
     # (an undercount would let a jump run past a preemption) and the jumps must be exactly those of the Python count
     # (an overcount would only shorten them, which equality alone does not show).
-    from lab.engine import fastforward
+    from lab.engine.jump import blocks as jump_blocks
 
     name, version = sched.split("/")
     over = dict(scheduler=name, options={"chunk_size": 64} if name == "sarathi" else {}, version=version,
                 blocks=blocks, seqs=seqs, caching=caching)
     python_count = run(True, spec, **dict(over))[3]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fastforward, "_VECTOR_BOUND_FROM", 1)
+        mp.setattr(jump_blocks, "VECTOR_BOUND_FROM", 1)
         numpy_count = assert_same(spec, **dict(over))
     assert _jump_counts(numpy_count) == _jump_counts(python_count)
 
@@ -479,11 +479,11 @@ def test_the_numpy_block_count_of_large_batches_bounds_jumps_as_the_python_one(s
 def test_a_jump_takes_a_request_whose_previous_token_came_before_the_step_in_flight(monkeypatch, preemption):
     # async: a preempted request that re-computes its tokens (or comes back from swap) samples its next token at
     # the end of the step in flight, an ITL sample from its previous token, not from the jump's start; a plan may
-    # start there (fastforward.plan: ``earlier``) and must give the same requests, steps and ITL samples
-    from lab.engine import fastforward
+    # start there (jump.plan: ``earlier``) and must give the same requests, steps and ITL samples
+    from lab.engine import jump
 
     planned = []
-    original = fastforward.plan
+    original = jump.plan
 
     def recording(*args, **kwargs):
         p = original(*args, **kwargs)
@@ -491,7 +491,7 @@ def test_a_jump_takes_a_request_whose_previous_token_came_before_the_step_in_fli
             planned.append(len(p.earlier))
         return p
 
-    monkeypatch.setattr(fastforward, "plan", recording)
+    monkeypatch.setattr(jump, "plan", recording)
     spec = [(0.002, 100 + 37 * (i % 7), 40 + 11 * (i % 5), None) for i in range(40)]
     res = assert_same(spec, version="0.33", seqs=16, blocks=40, caching=False, preemption=preemption)
     assert planned, "no plan started with such a request"
@@ -546,7 +546,7 @@ def _bursts(num_bursts: int) -> list:
 @pytest.mark.parametrize("version", ["0.33", "0.11"])
 def test_jumps_admit_the_arrivals_of_a_burst_together(version):
     # 2-3 requests arrive during one decode step: the schedule after it admits them all (in queue order, each
-    # after the prompts before it), so the jump goes on through every burst (fastforward._seen_together)
+    # after the prompts before it), so the jump goes on through every burst (jump.arrivals.seen_together)
     spec = _bursts(20)
     inst = assert_same(spec, version=version, mbt=1024).instances[0]
     assert inst.num_planned_admissions >= len(spec) - 3 and inst.num_jumps < 5
@@ -629,7 +629,7 @@ def test_a_jump_with_planned_admissions_materialised_midway_equals_step_by_step(
 def test_fast_forward_equals_step_by_step_through_admissions_from_a_long_queue(spec, version, blocks, seqs, mbt,
                                                                               caching, cpu, horizon):
     # Arrivals far faster than service: a long queue behind a head blocked by KV or max_num_seqs, so jumps go on
-    # through the heads' admissions at completions (fastforward._through_queue): several heads in one schedule,
+    # through the heads' admissions at completions (jump.queue_walk.through_queue): several heads in one schedule,
     # heads the budget would chunk (the jump ends before them), heads preempted before, preemptions, a horizon
     assert_same(spec, version=version, blocks=blocks, seqs=seqs, mbt=mbt, caching=caching, cpu=cpu, horizon=horizon)
 
@@ -722,7 +722,7 @@ class _SumsOnly:
        added=st.lists(st.tuples(st.integers(1, 60), st.integers(0, 5000)), max_size=10),
        j_lo=st.integers(0, 20), kk=st.integers(1, 80))
 def test_decode_runs_kept_by_end_price_as_the_sorted_stretch(batch, added, j_lo, kk):
-    from lab.engine.fastforward import _DecodeEnds, _Stretch
+    from lab.engine.jump.pricing import DecodeEnds as _DecodeEnds, Stretch as _Stretch
     import numpy as np
     ends = _DecodeEnds([e for e, _ in batch], [b for _, b in batch])
     everyone = list(batch)
@@ -747,13 +747,13 @@ def test_decode_runs_kept_by_end_price_as_the_sorted_stretch(batch, added, j_lo,
 def test_new_block_events_come_in_the_order_a_sort_gives(requests, k, bs):
     """A jump's new-block events made by residue groups (no block registered) are, one for one and in order, the
     kind-0 events of the path that also registers blocks and sorts them all."""
-    from lab.engine import fastforward as ff
+    from lab.engine.jump import base, blocks
 
     computed0 = [c for c, _ in requests]
     rem = [m for _, m in requests]
-    grouped = ff._block_events(computed0, rem, k, bs, False, False, [True] * len(requests))
-    with_registers = ff._block_events(computed0, rem, k, bs, False, True, [False] * len(requests))
-    assert grouped == [e for e in with_registers if (e & ff._EV_KIND_MASK) == 1]  # (kind 0: a new block)
+    grouped = blocks.block_events(computed0, rem, k, bs, False, False, [True] * len(requests))
+    with_registers = blocks.block_events(computed0, rem, k, bs, False, True, [False] * len(requests))
+    assert grouped == [e for e in with_registers if (e & base.EV_KIND_MASK) == 1]  # (kind 0: a new block)
     assert grouped == sorted(grouped)
 
 
@@ -761,25 +761,25 @@ def test_new_block_events_come_in_the_order_a_sort_gives(requests, k, bs):
 @given(st.lists(st.integers(-(1 << 40), 1 << 40), min_size=1, max_size=30), st.integers(-3, 3))
 def test_the_typed_list_helpers_do_what_the_builtins_do(values, x):
     """The compiled core's typed loops give max, min and list.remove's results (ValueError for a value absent)."""
-    from lab.engine import fastforward as ff
+    from lab.engine.jump import base as ff
 
-    assert ff._largest(values) == max(values) and ff._smallest(values) == min(values)
+    assert ff.max_of(values) == max(values) and ff.min_of(values) == min(values)
     values = values + [x, x]
     expected = list(values)
     expected.remove(x)
-    ff._remove_value(values, x)
+    ff.remove_value(values, x)
     assert values == expected
     absent = max(values) + 1
     with pytest.raises(ValueError):
-        ff._remove_value(values, absent)
+        ff.remove_value(values, absent)
 
 
 
 def test_the_last_victim_rule_preempts_from_the_back_until_the_decode_fits():
-    """vLLM V1's last-victim rule as both schedule 0's and a walk's preemptions use it (fastforward._last_victims):
+    """vLLM V1's last-victim rule as both schedule 0's and a walk's preemptions use it (jump.blocks.last_victims):
     decodes take blocks in running order; one that finds none free preempts the last running request (its blocks
     freed) until its block fits, or preempts itself; nothing is preempted while blocks are free."""
-    from lab.engine.fastforward import _last_victims
+    from lab.engine.jump.blocks import last_victims as _last_victims
 
     assert _last_victims([True, True, True], [4, 4, 4], 3) is None
     # the second decode finds none free: the third (last) goes, its 4 blocks cover the second's; the third is gone

@@ -22,7 +22,7 @@ class WaitingQueue(Protocol):
     ``order_stable_until() -> float`` is the earliest time (seconds) at which the head may differ from the head the
     scheduler last saw with no arrival or pop in between: ``inf`` for FCFS and priority order (:class:`FixedOrder`),
     a finite time for a queue whose order changes with time alone (e.g. starvation promotion). The decode
-    fast-forward ends a jump before it (lab/engine/fastforward.py). ``arrivals_join_back``: whether an arrival is
+    fast-forward ends a jump before it (lab/engine/jump/). ``arrivals_join_back``: whether an arrival is
     always served after every request already waiting (FCFS); only then does a jump plan the admissions of several
     heads in turn.
     """

@@ -85,7 +85,7 @@ class SchedulerOutput:
             a step which admitted requests, or finished a prompt, may start a fast-forward jump right after it:
             the same request then stays blocked while the batch only decodes (free blocks only shrink, a pure
             decode step leaves more budget, ``len(running)`` does not drop) until a completion
-            (lab/engine/fastforward.py).
+            (lab/engine/jump/).
     """
 
     requests: list[Request] = field(default_factory=list)
@@ -262,7 +262,7 @@ class SchedulerBase:
     - ``supports_async``: the policy schedules correctly with a step in flight (it counts output placeholders,
       ``num_output_placeholders``, as tokens to compute), so async scheduling may overlap its CPU work.
     - ``supports_fast_forward``: the policy keeps no state between steps that would change a steady decode batch's
-      schedule, so the engine may advance decode stretches in one jump (lab/engine/fastforward.py). Such a policy
+      schedule, so the engine may advance decode stretches in one jump (lab/engine/jump/). Such a policy
       may set ``SchedulerOutput.waiting_blocked`` (a jump may then start right after a step that admitted).
     - ``supports_pipelining``: the policy skips a request with nothing left to compute (n <= 0: a decode whose
       step is in flight) and, under async PP, one before its ``next_decode_eligible_step``, so several
@@ -314,7 +314,7 @@ class SchedulerBase:
         ``num_running`` requests in the running list, ``num_scheduled_tokens`` tokens already scheduled in it (the
         decodes of phase 1, one each, then the prompts admitted before ``head``), and ``num_free_blocks`` free KV
         blocks after their allocations. A fast-forward jump goes on through a completion (which frees blocks and a
-        ``max_num_seqs`` slot) only when this says True (lab/engine/fastforward.py); answer True only when sure,
+        ``max_num_seqs`` slot) only when this says True (lab/engine/jump/); answer True only when sure,
         False when the head would be admitted or the policy cannot tell. Default: False."""
         return False
 
@@ -325,7 +325,7 @@ class SchedulerBase:
         prompt (``request.num_tokens`` tokens) in this step: ``num_running`` requests in the running list,
         ``num_scheduled_tokens`` tokens already scheduled in it (the decodes of phase 1, one each, then the prompts
         admitted before it), and ``num_free_blocks`` free KV blocks after their allocations. A fast-forward jump
-        goes on through such an admission only when this says True (lab/engine/fastforward.py); answer True only
+        goes on through such an admission only when this says True (lab/engine/jump/); answer True only
         when sure, False when the request would wait, be chunked, or the policy cannot tell. Default: False."""
         return False
 

@@ -29,7 +29,7 @@ from lab.core.sched_api import Scheduler, SchedulerConfig, SchedulerContractErro
 from lab.core.step import ScheduledStep
 from lab.core.step_log import StepLog
 from lab.costmodel.base import CostModel
-from lab.engine import fastforward as ff
+from lab.engine import jump as ff
 from lab.engine.swap import SwapSpace
 from lab.engine.window import InFlightWindow, delay_until, max_concurrent_batches
 
@@ -60,7 +60,7 @@ class EngineOptions:
         stage_layers: decoder layers on each pipeline stage (``Parallelism.stage_layers``); one entry (or empty)
             = no pipeline parallelism.
         record_breakdown: also record each step's cost breakdown (slower; used by ``servelab validate``).
-        fast_forward: advance stretches of identical decode steps in one jump (lab/engine/fastforward.py); exact.
+        fast_forward: advance stretches of identical decode steps in one jump (lab/engine/jump/); exact.
     """
 
     async_scheduling: bool = False
@@ -178,10 +178,10 @@ class Instance:
         self.clock = 0.0
         # async scheduling: when the CPU finishes the work of the last step scheduled (seconds; price_step)
         self.cpu_free = 0.0
-        # fast-forward state (lab/engine/fastforward.py)
+        # fast-forward state (lab/engine/jump/)
         self.stop_time = float("inf")
         # the last schedule (real or planned) showed the waiting head blocked and nothing changed since: a jump need
-        # not check its first schedule; otherwise fastforward.plan checks it with the scheduler's admission rule
+        # not check its first schedule; otherwise jump.plan checks it with the scheduler's admission rule
         self.steady = False
         self._admitted = 0
         self._plan: ff.Plan | None = None
@@ -195,16 +195,16 @@ class Instance:
         # Expected time of this instance's next arrival (sizes fast-forward plans; correctness never depends on it)
         self.arrival_hint: Callable[[], float] = lambda: float("inf")
         # The requests an open-loop stream will deliver here, in order (set by the simulation when they and their
-        # times are known in advance): a jump may then plan their admissions (lab/engine/fastforward.py)
+        # times are known in advance): a jump may then plan their admissions (lab/engine/jump/)
         self.known_arrivals: ff.KnownArrivals | None = None
         self._last_arrival = 0.0
         self._gap_ema = 0.0
         self.num_jumps = 0
         self.jumped_steps = 0
         self.num_absorbed_arrivals = 0  # arrivals queued behind a blocked head during a jump, which went on
-        self.num_planned_admissions = 0  # arrivals a jump admitted (known in advance; lab/engine/fastforward.py)
+        self.num_planned_admissions = 0  # arrivals a jump admitted (known in advance; lab/engine/jump/)
         # every request that reached this instance has content unique to it (no token ids, no hash ids: none of
-        # its blocks can be hit), so a jump need not check them one by one (lab/engine/fastforward.py)
+        # its blocks can be hit), so a jump need not check them one by one (lab/engine/jump/)
         self.all_content_unique = True
         self._ff = (opt.fast_forward and not opt.record_breakdown and scheduler.supports_fast_forward
                     and pp == 1 and start and acceptance is None)  # drafts are drawn step by step
@@ -348,7 +348,7 @@ class Instance:
             known.next += 1
             p = self._plan
             if p is not None and ff.planned_arrival(p, request):
-                self._note_arrival(request)  # the jump under way admits it (lab/engine/fastforward.py)
+                self._note_arrival(request)  # the jump under way admits it (lab/engine/jump/)
                 # no schedule has seen it yet: if the jump is materialised before its admission, the next plan
                 # must not take it for a head shown blocked (as _before_arrival says of any arrival)
                 self.steady = False
@@ -532,7 +532,7 @@ class Instance:
 
     def _queued_behind(self, head: Request) -> None:
         """An arrival joined the queue while ``head`` was blocked: if the head is still the same (and the queue's
-        order stays put until the jump under way ends), count it in the jump (lab/engine/fastforward.py
+        order stays put until the jump under way ends), count it in the jump (lab/engine/jump/
         ``absorb_arrival``) and stay steady; otherwise bring the jump up to date as for any arrival."""
         waiting = self.waiting
         if waiting.peek() is head:
@@ -796,7 +796,7 @@ class Instance:
 
     def _shows_steady(self, out, reqs: list[Request], news: list[int], samples: list[bool]) -> bool:
         """Whether this schedule shows the waiting queue blocked for the decode steps that follow (a fast-forward
-        may start after it; lab/engine/fastforward.py): it preempted nothing and ran every running request, and
+        may start after it; lab/engine/jump/): it preempted nothing and ran every running request, and
         either only decoded and admitted nothing, or ended with the waiting head blocked by KV or
         ``max_num_seqs`` (``SchedulerOutput.waiting_blocked``) while every request samples (any prompt it
         admitted or continued ends in this step, so the next schedule only decodes)."""

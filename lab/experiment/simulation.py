@@ -28,7 +28,7 @@ from lab.costmodel.roofline import Efficiency, RooflineCostModel
 from lab.costmodel.speculative import Drafter
 from lab.experiment import speculative as spec_setup
 from lab.core.step_log import ROW_BUDGET, SpillFolder, StepLog, rows_per_log
-from lab.engine.fastforward import KnownArrivals
+from lab.engine.jump import KnownArrivals
 from lab.engine.instance import EngineOptions, Instance
 from lab.core.kv_cache import KVCacheManager
 from lab.core.kv_offload import KVOffloader, cpu_tier_blocks
@@ -391,7 +391,7 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
              progress: Callable[[int, int], None] | None = None, record_breakdown: bool = False) -> SimResult:
     """Run the experiment and return every request and step.
 
-    Fast-forward jumps (lab/engine/fastforward.py) are sized by each instance's ``arrival_hint``. It is the exact
+    Fast-forward jumps (lab/engine/jump/) are sized by each instance's ``arrival_hint``. It is the exact
     time of the instance's next arrival for an open-loop workload with one entry instance, or behind a router that
     declares ``routes_by_arrival_order`` (round robin) when the front end delays no request: the stream is then
     routed before the run (:func:`route_open_loop`), for the instances of entry pools without a hand-off. Otherwise
@@ -563,7 +563,7 @@ def _open_loop_arrivals(env: simpy.Environment, reqs: list[Request], arrive: Cal
 
     With ``direct`` (no front end between the stream and the engines, so each request reaches its instance at
     exactly its ``arrival_time``) those instances also get the requests they will receive
-    (``Instance.known_arrivals``): a jump may then plan their admissions (lab/engine/fastforward.py)."""
+    (``Instance.known_arrivals``): a jump may then plan their admissions (lab/engine/jump/)."""
     if routed is None:
         return _deliver_at_arrival_times(env, reqs, arrive, None, None, None)
     entry = cluster.entry_instances
