@@ -79,6 +79,14 @@ def start_cpu_load(engine: EngineView, request: Request, hits: list[Block], num_
     return True
 
 
+def aligned_split(engine: EngineView) -> Callable[[Request, int, int], int] | None:
+    """The prefill-chunk cut of a Mamba hybrid caching its state (vLLM ``_mamba_block_aligned_split``, align mode:
+    ``(request, tokens, prefix-hit tokens) -> tokens`` ending on a block boundary; lab/core/kv_groups.py
+    ``HybridKV.aligned_chunk``), or None when the KV cache needs none."""
+    hybrid = getattr(engine.kv, "hybrid", None)
+    return hybrid.aligned_chunk if hybrid is not None and hybrid.spec.aligned_split else None
+
+
 def resolve_victim_rule(engine: EngineView) -> str:
     """The configured victim rule, with ``auto`` mapped to vLLM's (``last`` / ``lowest_priority``)."""
     rule = engine.config.preemption_victim

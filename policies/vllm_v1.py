@@ -14,8 +14,8 @@ from __future__ import annotations
 from lab.core.kv_cache import unique_content
 from lab.core.request import Request, RequestStatus
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
-from policies.common import (allocate_or_preempt, allocate_waiting, lookup, next_waiting, preemption_reason,
-                             resolve_victim_rule, schedule_drafts, start_cpu_load, take_waiting)
+from policies.common import (aligned_split, allocate_or_preempt, allocate_waiting, lookup, next_waiting,
+                             preemption_reason, resolve_victim_rule, schedule_drafts, start_cpu_load, take_waiting)
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -90,6 +90,7 @@ class VLLMV1Scheduler(SchedulerBase):
         max_model_len = engine.config.max_model_len
         gate = engine.pipeline_async  # async PP (V2 runner): a decode waits for its eligible scheduler step
         step_index = engine.num_scheduler_steps
+        split = aligned_split(engine)  # a Mamba hybrid caching its state: prefill chunks end on block boundaries
         reqs: list = []
         news: list[int] = []
         drafts: list[int] = []
@@ -114,6 +115,8 @@ class VLLMV1Scheduler(SchedulerBase):
                 n = budget
             if c + n >= max_model_len:
                 n = max_model_len - 1 - c
+            if split is not None and n > 0:
+                n = split(r, n, 0)
             if n <= 0:
                 continue
             if k:
@@ -137,6 +140,7 @@ class VLLMV1Scheduler(SchedulerBase):
         rule = None
         gate = engine.pipeline_async
         step_index = engine.num_scheduler_steps
+        split = aligned_split(engine)
         for r in running[start:]:
             if budget <= 0:
                 break
@@ -156,6 +160,8 @@ class VLLMV1Scheduler(SchedulerBase):
             cap = max_model_len - 1 - c
             if n > cap:
                 n = cap
+            if split is not None and n > 0:
+                n = split(r, n, 0)
             if n <= 0:
                 continue
             if allocate(r, n, None, 0, lookahead):  # the common case, inline
@@ -336,6 +342,7 @@ class VLLMV1Scheduler(SchedulerBase):
         running = engine.running
         full_isl = cfg.scheduler_reserve_full_isl
         watermark_blocks = int(cfg.watermark * kv.pool.num_gpu_blocks) if cfg.watermark else 0
+        split = aligned_split(engine)
         while budget > 0:
             if len(running) >= cfg.max_num_seqs:
                 out.waiting_blocked = True
@@ -360,6 +367,8 @@ class VLLMV1Scheduler(SchedulerBase):
                 break
             if n > budget:
                 n = budget
+            if split is not None:
+                n = split(r, n, num_hit)
             pad = 0
             if cfg.pad_new_one_token_requests and n == 1 and num_hit + 1 == r.num_tokens:
                 pad = min(cfg.num_speculative_tokens, budget - 1, max(0, cfg.max_model_len - 1 - r.num_tokens))

@@ -656,9 +656,12 @@ def _held_blocks(inst: Instance, requests) -> tuple[list[int], int, int]:
     held = [0] * n
     pinned = swapped = 0
     iid = inst.instance_id
+    hybrid = inst.kv.hybrid  # a hybrid model: every KV cache group's blocks (NULL = none at that position)
     for r in requests:
         if r.instance_id == iid:
-            for b in r.blocks:
+            blocks = r.blocks if hybrid is None else [b for g in range(len(hybrid.groups))
+                                                      for b in hybrid.blocks_of(r, g) if b != 0]
+            for b in blocks:
                 if not 0 <= b < n:
                     _violate("kv_conservation", f"instance {iid}: request {r.request_id} holds "
                              f"block id {b} outside 0..{n - 1}")

@@ -48,14 +48,49 @@ def render(name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# A shared-prefix trace in the Mooncake format (``workload.source: mooncake``): requests open with one of a few long
+# system prompts (whole 512-token hash blocks, shared) and go on with a question of their own (blocks unique to
+# them), for prefix caching on hybrid models (experiments/hybrid_prefix_gpt_oss_qwen3next.yaml).
+SHARED_PREFIX = dict(name="shared_prefix_300", num_requests=300, rate=6.0, seed=3, num_prefixes=4, prefix_blocks=8,
+                     question=LengthDist(kind="lognormal", median=300, sigma=0.6, max=3000),
+                     output=LengthDist(kind="lognormal", median=120, sigma=0.6, max=1024))
+
+
+def render_shared_prefix() -> str:
+    """The JSONL text of the shared-prefix trace (deterministic: ``SHARED_PREFIX`` fixes the seed). Timestamps in
+    integer milliseconds; prefix ``k``'s blocks are hash ids ``k * 1000 + j``, every other block a fresh id."""
+    import json
+
+    import numpy as np
+
+    spec = SHARED_PREFIX
+    reqs = generate(spec["num_requests"], spec["rate"], spec["question"], spec["output"], seed=spec["seed"])
+    rng = np.random.default_rng([spec["seed"], 0x5A])
+    block = 512
+    fresh = 1_000_000
+    lines = []
+    for r in reqs:
+        k = int(rng.integers(spec["num_prefixes"]))
+        prefix = [k * 1000 + j for j in range(spec["prefix_blocks"])]
+        n = spec["prefix_blocks"] * block + r.prompt_len
+        own = -(-n // block) - len(prefix)
+        ids = prefix + list(range(fresh, fresh + own))
+        fresh += own
+        lines.append(json.dumps({"timestamp": int(round(r.arrival_time * 1000)), "input_length": n,
+                                 "output_length": r.max_tokens, "hash_ids": ids}, separators=(",", ":")))
+    return "\n".join(lines) + "\n"
+
+
 def write_all(out_dir: Path) -> list[Path]:
-    """Write every trace of ``SPECS`` as ``out_dir/<name>.csv``; return the paths."""
+    """Write every trace of ``SPECS`` as ``out_dir/<name>.csv`` (and the shared-prefix JSONL); return the CSV
+    paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in SPECS:
         p = out_dir / f"{name}.csv"
         p.write_text(render(name))
         paths.append(p)
+    (out_dir / f"{SHARED_PREFIX['name']}.jsonl").write_text(render_shared_prefix())
     return paths
 
 

@@ -690,8 +690,10 @@ def support(experiment: Optional[Path] = typer.Argument(None, help="an experimen
 
 
 from lab.cli.costmodel import register as _register_costmodel  # noqa: E402
+from lab.cli.kvcache import register as _register_kv  # noqa: E402
 
 _register_costmodel(app)
+_register_kv(app)
 
 # --- servelab traces: the trace catalog (traces/manifest.yaml; lab/workload/catalog.py) -------------------------
 traces_app = typer.Typer(no_args_is_help=True, help="The public trace catalog (traces/manifest.yaml): list, verify, "

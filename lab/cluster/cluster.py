@@ -251,7 +251,8 @@ class Cluster:
         src.num_pinned_blocks += len(pinned.blocks)
         src.peak_pinned_blocks = max(src.peak_pinned_blocks, src.num_pinned_blocks)
         now = self.env.now
-        remote = RemoteKV(src, pinned, request.prompt_len, cost.bytes_per_token, cost.drafter_bytes_per_token)
+        remote = RemoteKV(src, pinned, request.prompt_len, cost.per_token_bytes(request.prompt_len),
+                          cost.drafter_bytes_per_token)
         remote.times.update(arrival=request.arrival_time, p_scheduled=request.first_scheduled_time, p_done=now)
         request.remote = remote
         request.num_output_tokens = 0

@@ -11,6 +11,7 @@ min(P's TP, D's TP), the GPU pairs that move shards at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import simpy
 
@@ -108,6 +109,10 @@ class TransferCost:
         per_block_s: per-block descriptor overhead.
         latency_s: one-way link latency.
         lease_s: how long P keeps the blocks pinned waiting for D to start reading (vLLM ``kv_lease_duration``).
+        bytes_for: a hybrid model's bytes for a prompt of n tokens (every full-attention layer's KV of all of them,
+            a windowed layer's KV of its window, one recurrent state per Mamba / linear-attention layer:
+            lab/core/kv_groups.py ``HybridKV.bytes_to_send``), used instead of ``bytes_per_token`` for the target's
+            layers; None for a full-attention model.
     """
 
     bytes_per_token: float
@@ -117,6 +122,13 @@ class TransferCost:
     per_block_s: float = 2e-6
     latency_s: float = 5e-6
     lease_s: float = 30.0
+    bytes_for: Callable[[int], float] | None = None
+
+    def per_token_bytes(self, num_tokens: int) -> float:
+        """KV bytes per token of a transfer of a ``num_tokens``-token prompt (the drafter's layers included)."""
+        if self.bytes_for is None or num_tokens <= 0:
+            return self.bytes_per_token
+        return self.bytes_for(num_tokens) / num_tokens + self.drafter_bytes_per_token
 
     def fixed_s(self, num_tokens: int) -> float:
         """Seconds of a transfer of ``num_tokens`` tokens that do not depend on the bandwidth."""

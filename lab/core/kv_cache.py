@@ -338,6 +338,9 @@ class KVCacheManager:
         prepend_unhashed: see :class:`BlockPool`.
         drop_last_hit_block: a prefix hit gives up its last block (vLLM ``use_eagle_block_drop`` under EAGLE,
             EAGLE-3 and MTP speculative decoding: the drafter recomputes that block's hidden states).
+        hybrid: a hybrid model's KV cache groups (lab/core/kv_groups.py ``HybridKV``: sliding windows, chunked
+            attention, Mamba state beside full attention), or None for full attention only. With one, every method
+            below hands over to it; without, nothing changes (the full-attention path is the hot path).
     """
 
     def __init__(
@@ -348,6 +351,7 @@ class KVCacheManager:
         enable_prefix_caching: bool = True,
         prepend_unhashed: bool = True,
         drop_last_hit_block: bool = False,
+        hybrid: Any = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -355,6 +359,7 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.enable_prefix_caching = enable_prefix_caching
         self.drop_last_hit_block = drop_last_hit_block
+        self.hybrid: Any = hybrid
         self.pool = BlockPool(num_gpu_blocks, enable_prefix_caching, prepend_unhashed)
         # Counters for the prefix cache hit rate (queries and hits in tokens, first scheduling only).
         self.prefix_queries = 0
@@ -370,7 +375,9 @@ class KVCacheManager:
         return self.pool.usage()
 
     def blocks_for(self, num_tokens: int) -> int:
-        """Blocks needed to hold ``num_tokens`` tokens."""
+        """Blocks needed to hold ``num_tokens`` tokens (a hybrid model: the most its groups need at once)."""
+        if self.hybrid is not None:
+            return self.hybrid.spec.peak_blocks(num_tokens)
         return -(-num_tokens // self.block_size)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[Block], int]:
@@ -384,6 +391,8 @@ class KVCacheManager:
         """
         if not self.enable_prefix_caching:
             return [], 0
+        if self.hybrid is not None:
+            return self.hybrid.get_computed_blocks(self, request)
         bs = self.block_size
         max_blocks = (request.num_tokens - 1) // bs
         if max_blocks <= 0:
@@ -430,7 +439,7 @@ class KVCacheManager:
         unique to it (its own blocks freed by a preemption); None for content others may share."""
         if not self.enable_prefix_caching:
             return 0
-        if not unique_content(request):
+        if not unique_content(request) or self.hybrid is not None:
             return None
         max_blocks = (request.num_tokens - 1) // self.block_size
         if max_blocks <= 0 or request.prev_blocks is None:
@@ -467,6 +476,10 @@ class KVCacheManager:
         Returns:
             True if the slots were allocated.
         """
+        if self.hybrid is not None:
+            return self.hybrid.allocate_slots(self, request, num_new_tokens, new_computed_blocks,
+                                              num_new_computed_tokens, num_lookahead_tokens, full_sequence_must_fit,
+                                              reserved_blocks, num_reserved_tokens, delay_cache_blocks)
         pool = self.pool
         bs = self.block_size
         blocks = request.blocks
@@ -530,7 +543,10 @@ class KVCacheManager:
         free queue hands blocks out, so this is the count whatever they are by the time of the schedule.
 
         Returns None when the count depends on hits that may change before the schedule: content others may
-        share under prefix caching, or its own freed blocks with fewer than its whole sequence to compute."""
+        share under prefix caching, or its own freed blocks with fewer than its whole sequence to compute; and for a
+        hybrid model (its groups' needs change with the window: no jump plans them)."""
+        if self.hybrid is not None:
+            return None
         if self.enable_prefix_caching:
             if not unique_content(request):
                 return None
@@ -562,6 +578,8 @@ class KVCacheManager:
             The index of the first request whose slots could not be allocated (nothing changed for it or after
             it), or ``len(requests)`` when all got theirs.
         """
+        if self.hybrid is not None:
+            return self.hybrid.allocate_running(self, requests, num_new_tokens, num_lookahead_tokens)
         bs = self.block_size
         max_len = self.max_model_len
         pool = self.pool
@@ -595,6 +613,9 @@ class KVCacheManager:
         """Register the request's full blocks up to ``num_full`` (vLLM ``cache_full_blocks``). Content unique to
         the request is only counted: no one else can hit it, and the request recognises its own freed blocks by
         their free-queue entries (see :meth:`free`)."""
+        if self.hybrid is not None:
+            self.hybrid.cache_blocks(self, request, num_full)
+            return
         blocks = request.blocks
         start = request.num_cached_blocks
         if not unique_content(request):  # unique content: nothing else can hit it, only the count matters
@@ -618,6 +639,8 @@ class KVCacheManager:
     def detach(self, request: Request) -> PinnedBlocks:
         """Take a request's blocks out of it without freeing them (vLLM's ``delay_free``: a P instance keeps a
         finished request's KV pinned until the D side has read it); :meth:`free_pinned` frees them later."""
+        if self.hybrid is not None:
+            return self.hybrid.detach(self, request)
         pinned = PinnedBlocks(request.blocks, request.num_cached_blocks, unique_content(request))
         request.blocks = []
         request.num_cached_blocks = 0
@@ -641,6 +664,8 @@ class KVCacheManager:
             (True and the local prefix-hit tokens if the blocks were allocated, else (False, 0); nothing changes
             on failure).
         """
+        if self.hybrid is not None:
+            return self.hybrid.allocate_for_remote(self, request, num_tokens)
         hits, num_hit = self.get_computed_blocks(request)
         need = self.blocks_for(num_tokens) - len(hits)
         rc = self.pool.ref_cnt
@@ -661,6 +686,9 @@ class KVCacheManager:
         Args:
             finished: the request is done, so nothing it holds (block hashes, freed blocks) is needed again.
         """
+        if self.hybrid is not None:
+            self.hybrid.free(self, request, finished)
+            return
         blocks = request.blocks
         if blocks:
             if unique_content(request):

@@ -204,8 +204,12 @@ class Request:
             elif hash_ids is not None and hi <= prompt_len:
                 hb = self.hash_block_size
                 j = lo // hb
-                if j < len(hash_ids) and (hi - 1) // hb == j:
-                    content = (hash_ids[j], lo - j * hb)
+                last = (hi - 1) // hb
+                if last < len(hash_ids):
+                    if last == j:
+                        content = (hash_ids[j], lo - j * hb)
+                    else:  # a block wider than the trace's blocks (a hybrid's raised block size): every id it spans
+                        content = (tuple(hash_ids[j:last + 1]), lo - j * hb)
                 else:
                     content = (_UNIQUE, self.index, i)
             else:

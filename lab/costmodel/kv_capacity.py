@@ -10,7 +10,11 @@ GQA/MHA, block_size·(kv_lora_rank + rope_dim)·dtype_bytes for MLA; drafter lay
 The peak activation is vLLM's profile run: one forward pass over ``max_num_batched_tokens`` tokens (largest live
 set: the MLP's gate/up output, the activation output and two hidden-state buffers, in the activation dtype) and
 the dummy sampler run over ``max_num_seqs`` float32 logits rows (logits plus one softmax copy); the larger of the
-two counts. ``non_torch_bytes`` (CUDA graphs, cuBLAS/NCCL workspaces, allocator slack) is one constant fitted on
+two counts.
+
+A hybrid model (sliding window, chunked attention, Mamba / linear attention beside full attention) has its blocks
+sized by vLLM's hybrid KV cache manager instead (lab/costmodel/hybrid_kv.py ``kv_layout``): ``num_gpu_blocks =
+avail // page // group_size``, a block being one page of each of ``group_size`` layers, whatever group holds it. ``non_torch_bytes`` (CUDA graphs, cuBLAS/NCCL workspaces, allocator slack) is one constant fitted on
 the only run that recorded its block count (LLMServingSim RTX 4090 Llama-3.1-8B, vLLM 0.19: 2588 blocks); see
 docs/fidelity.md.
 """
@@ -18,6 +22,8 @@ docs/fidelity.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from typing import Any
 
 from lab.costmodel.hardware import Hardware
 from lab.costmodel.model_arch import ModelArch
@@ -39,9 +45,13 @@ class KVCapacity:
     activation_bytes: int
     non_torch_bytes: int
     available_bytes: int
+    layout: Any = None  # a hybrid model's KVLayout (lab/costmodel/hybrid_kv.py); None for full attention only
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: v for k, v in self.__dict__.items() if k != "layout"}
+        if self.layout is not None:
+            out["kv_cache_groups"] = self.layout.describe()
+        return out
 
 
 def bytes_per_block(model: ModelArch, block_size: int, kv_dtype: str = "bf16", tp: int = 1,
@@ -83,13 +93,15 @@ def derive_num_gpu_blocks(model: ModelArch, hardware: Hardware, *, block_size: i
                           weight_dtype: str | None = None, non_torch_bytes: int = DEFAULT_NON_TORCH_BYTES,
                           extra_layers: int = 0, pp: int = 1, ep: int = 1, dp: int = 1,
                           drafter_kv_bytes_per_token: int = 0, drafter_weight_bytes: int = 0,
-                          include_mtp: bool = False) -> KVCapacity:
+                          include_mtp: bool = False, layout: Any = None) -> KVCapacity:
     """Derive ``num_gpu_blocks`` for one rank of an instance split ``tp x pp`` (experts over ``ep`` GPUs shared
     by ``dp`` attention ranks): the most loaded GPU's weights (lab/costmodel/model_arch.py
     ``weight_bytes_per_rank``: FP8 linear layers, 16-bit embeddings, experts split over EP) and its stage's KV
     bytes per block; NCCL's memory is added to ``non_torch_bytes`` when the instance spans several GPUs. A
     speculative drafter adds its weights (``drafter_weight_bytes``; the model's own MTP modules with
     ``include_mtp``) and its KV per token (``drafter_kv_bytes_per_token``) to every block, so fewer blocks fit.
+    With a hybrid ``layout`` (lab/costmodel/hybrid_kv.py ``KVLayout``; its block size and drafter layers already in
+    it) a block costs ``layout.bytes_per_block`` and the count is vLLM's ``available // page // group_size``.
 
     Raises:
         ValueError: if the weights and activations leave no room for even two blocks (the model does not fit).
@@ -100,11 +112,16 @@ def derive_num_gpu_blocks(model: ModelArch, hardware: Hardware, *, block_size: i
     act = activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs, tp, ep, dp)
     non_torch_bytes = non_torch_bytes + nccl_bytes(max(tp * pp, ep))
     avail = requested - weights - act - non_torch_bytes
-    bpb = bytes_per_block(model, block_size, kv_dtype, tp, extra_layers, pp, drafter_kv_bytes_per_token)
-    blocks = avail // bpb
+    if layout is not None and layout.is_hybrid:
+        bpb = layout.bytes_per_block
+        blocks = layout.num_blocks(avail) if avail > 0 else 0
+    else:
+        layout = None
+        bpb = bytes_per_block(model, block_size, kv_dtype, tp, extra_layers, pp, drafter_kv_bytes_per_token)
+        blocks = avail // bpb
     if blocks < 2:
         raise ValueError(
             f"{model.name} does not fit on {hardware.name} x tp{tp} pp{pp} ep{ep}: {requested / 1e9:.1f} GB requested "
             f"(gpu_memory_utilization {gpu_memory_utilization}) - {weights / 1e9:.1f} GB weights - "
             f"{act / 1e9:.2f} GB activations - {non_torch_bytes / 1e9:.2f} GB other leaves no room for the KV cache")
-    return KVCapacity(int(blocks), bpb, requested, weights, act, non_torch_bytes, int(avail))
+    return KVCapacity(int(blocks), bpb, requested, weights, act, non_torch_bytes, int(avail), layout)

@@ -61,7 +61,8 @@ class Drafter:
 def _one_dense_layer(target: ModelArch, name: str, vocab: int) -> ModelArch:
     return replace(target, name=name, num_layers=1, num_experts=0, experts_per_token=0, moe_intermediate_size=0,
                    num_shared_experts=0, first_k_dense_layers=0, num_mtp_layers=0, vocab_size=vocab,
-                   intermediate_size=target.intermediate_size or target.moe_intermediate_size)
+                   intermediate_size=target.intermediate_size or target.moe_intermediate_size,
+                   layer_types=(), moe_weight_dtype="")  # a drafter layer is full attention
 
 
 def make_drafter(method: str, target: ModelArch, kv_dtype: str, weight_dtype: str, tp: int,
@@ -93,7 +94,7 @@ def make_drafter(method: str, target: ModelArch, kv_dtype: str, weight_dtype: st
             raise ValueError(f"speculative.method mtp: {target.name} has no MTP layers (num_nextn_predict_layers "
                              "is 0); use eagle, eagle3, draft_model or ngram")
         arch = replace(target, name=f"{target.name} MTP", num_layers=target.num_mtp_layers, first_k_dense_layers=0,
-                       num_mtp_layers=0)
+                       num_mtp_layers=0, layer_types=())
         kv = target.num_mtp_layers * target.kv_bytes_per_token_per_layer(kv_dtype, tp)
         return Drafter(method, arch, ((2 * h, h),) * target.num_mtp_layers, kv, 0)  # weights: include_mtp
     if method == "draft_model":

@@ -242,6 +242,9 @@ class EngineConfig(_Strict):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="default: 0.92 (0.33), 0.9 before")
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
+    disable_hybrid_kv_cache_manager: bool = Field(
+        False, description="vLLM --disable-hybrid-kv-cache-manager: a hybrid model's sliding-window and chunked "
+        "layers keep KV for every token, as full attention (docs/hybrid_models.md)")
     long_prefill_token_threshold: int = Field(0, ge=0)
     scheduler_reserve_full_isl: bool | None = Field(None, description="default: True (0.19 and later)")
     watermark: float = Field(0.0, ge=0, lt=1)

@@ -20,6 +20,7 @@ from lab.experiment.config import Experiment, pool_experiments
 from lab.experiment.support import check_composition
 from lab.costmodel.base import CostModel
 from lab.costmodel.hardware import Hardware, load_hardware
+from lab.costmodel.hybrid_kv import VERSION_RULES, KVLayout, kv_layout, mamba_prefix_caching
 from lab.costmodel.kv_capacity import KVCapacity, bytes_per_block, derive_num_gpu_blocks
 from lab.costmodel import comm
 from lab.costmodel.model_arch import ModelArch, load_model, resolve_kv_dtype
@@ -31,6 +32,7 @@ from lab.core.step_log import ROW_BUDGET, SpillFolder, StepLog, rows_per_log
 from lab.engine.jump import KnownArrivals
 from lab.engine.instance import EngineOptions, Instance
 from lab.core.kv_cache import KVCacheManager
+from lab.core.kv_groups import HybridKV
 from lab.core.kv_offload import KVOffloader, cpu_tier_blocks
 from lab.core.samples import WeightedSamples
 from lab.core.request import Request, RequestStatus
@@ -74,6 +76,10 @@ class Deployment:
     prepend_unhashed: bool = True
     derived_kv_capacity: KVCapacity | None = None
     drafter: Drafter | None = None
+    # a hybrid model's KV cache configuration (lab/costmodel/hybrid_kv.py); None for full attention only
+    kv_layout: KVLayout | None = None
+    block_size: int = 16  # tokens per block the KV manager uses (a Mamba hybrid's raised attention block size)
+    enable_prefix_caching: bool = True  # in force (vLLM turns it off for Mamba hybrids before 0.33 by default)
 
 
 @dataclass
@@ -207,8 +213,10 @@ def batch_defaults(hw: Hardware) -> tuple[int, int]:
     return 2048, 256
 
 
-def build_deployment(exp: Experiment) -> Deployment:
-    """Resolve model, GPU, KV capacity, scheduler limits and cost model.
+def build_deployment(exp: Experiment, kv_connector: bool = False) -> Deployment:
+    """Resolve model, GPU, KV capacity, scheduler limits and cost model. ``kv_connector``: the instances move KV to
+    or from other instances (a pool of a prefill/decode disaggregated deployment), which before vLLM 0.33 turns a
+    hybrid model's hybrid KV cache manager off.
 
     Raises:
         ValueError: unknown model or GPU, a model that does not fit, or a bad profile folder.
@@ -245,6 +253,9 @@ def build_deployment(exp: Experiment) -> Deployment:
                          "enable_chunked_prefill false: vLLM refuses it (no prompt longer than the budget could run)")
     if not e.enable_chunked_prefill and mbt < max_model_len:
         mbt = max_model_len  # vLLM raises the budget to max_model_len when chunking is off
+    layout, prefix_caching = hybrid_kv_layout(exp, model, kv_dtype, max_model_len,
+                                              kv_connector or exp.deployment.mode == "disaggregated")
+    block_size = layout.block_size if layout is not None else e.block_size
     try:
         derived = derive_num_gpu_blocks(
             model, hw, block_size=e.block_size, gpu_memory_utilization=pick("gpu_memory_utilization"),
@@ -253,7 +264,7 @@ def build_deployment(exp: Experiment) -> Deployment:
             dp=exp.hardware.data_parallel_size,
             drafter_kv_bytes_per_token=drafter.kv_bytes_per_token if drafter else 0,
             drafter_weight_bytes=drafter.weight_bytes if drafter else 0,
-            include_mtp=drafter is not None and drafter.method == "mtp")
+            include_mtp=drafter is not None and drafter.method == "mtp", layout=layout)
     except ValueError:
         if e.num_gpu_blocks is None:
             raise
@@ -289,7 +300,45 @@ def build_deployment(exp: Experiment) -> Deployment:
                             cpu_per_seq_s=c.per_seq_s, cpu_per_token_s=c.per_token_s,
                             cpu_per_new_request_s=c.per_new_request_s, cudagraph_sizes=sizes,
                             stage_layers=stages)
-    return Deployment(model, hw, sched, blocks, capacity, cost, options, ver["prepend_unhashed"], derived, drafter)
+    return Deployment(model, hw, sched, blocks, capacity, cost, options, ver["prepend_unhashed"], derived, drafter,
+                      layout, block_size, prefix_caching)
+
+
+def hybrid_kv_layout(exp: Experiment, model: ModelArch, kv_dtype: str, max_model_len: int,
+                     kv_connector: bool = False) -> tuple[KVLayout | None, bool]:
+    """The KV cache layout vLLM builds for a hybrid model (lab/costmodel/hybrid_kv.py ``kv_layout``) and whether
+    prefix caching is in force; (None, ``engine.enable_prefix_caching``) for a full-attention model.
+
+    The hybrid manager is off when ``engine.disable_hybrid_kv_cache_manager`` asks, and under prefill/decode
+    disaggregation before vLLM 0.33 (a KV connector turned it off: vllm/config/vllm.py; 0.33 keeps it for
+    connectors that support it, NIXL's among them). A Mamba hybrid caches prefixes only where that version does
+    (``mamba_prefix_caching``); a drafter's full-attention layers (EAGLE, EAGLE-3: one; MTP: its modules) join
+    the full-attention layers, and each speculative token adds a state block per Mamba group.
+
+    Raises:
+        ValueError: the model cannot be configured so (a Mamba hybrid without the hybrid manager, no full-attention
+            layer).
+    """
+    e = exp.engine
+    if not model.is_hybrid:
+        return None, e.enable_prefix_caching
+    ver = e.vllm_version
+    connector_off = kv_connector and not VERSION_RULES[ver]["hma_with_connector"]
+    manager = not e.disable_hybrid_kv_cache_manager and not connector_off
+    has_state = model.count_layers("linear_attention", "mamba") > 0
+    caching = (mamba_prefix_caching(ver, e.enable_prefix_caching, "enable_prefix_caching" in e.model_fields_set)
+               if has_state else e.enable_prefix_caching)
+    spec = exp.speculative
+    extra = 0
+    if spec is not None and spec.method in ("eagle", "eagle3"):
+        extra = 1
+    elif spec is not None and spec.method == "mtp":
+        extra = model.num_mtp_layers
+    layout = kv_layout(model, kv_dtype=kv_dtype, tp=exp.hardware.tensor_parallel_size, block_size=e.block_size,
+                       max_model_len=max_model_len, version=ver, prefix_caching=caching, hybrid_manager=manager,
+                       extra_full_layers=extra, num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+                       model_dtype=exp.model.dtype)
+    return layout, caching
 
 
 def _async_scheduling(exp: Experiment, default: bool) -> bool:
@@ -365,6 +414,10 @@ def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware, tp: int | 
     c = exp.cost_model
     tp = tp or exp.hardware.tensor_parallel_size
     h = exp.hardware
+    if model.is_hybrid and c.kind != "roofline":
+        raise ValueError(f"cost_model.kind {c.kind}: {model.name} is a hybrid model, whose sliding-window, chunked, "
+                         "linear-attention and Mamba layers are priced by the roofline only "
+                         "(lab/costmodel/hybrid_cost.py); use cost_model.kind roofline")
     # the profiled cost models are imported only by the runs that use them (their tables need pandas: start-up)
     if c.kind == "operator":
         from lab.costmodel.operator import build_operator_cost_model  # noqa: PLC0415
@@ -383,6 +436,11 @@ def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware, tp: int | 
     over = {k: v for k, v in c.efficiency.model_dump().items() if v is not None}
     eff = Efficiency(**over)
     kv_dtype = resolve_kv_dtype(exp.model.dtype, exp.model.kv_cache_dtype)
+    if model.is_hybrid:
+        from lab.costmodel.hybrid_cost import HybridRooflineCostModel  # noqa: PLC0415
+
+        return HybridRooflineCostModel(model, hw, tp=tp, weight_dtype=exp.model.dtype, kv_dtype=kv_dtype,
+                                       efficiency=eff, link=comm_link(exp, hw, tp))
     return RooflineCostModel(model, hw, tp=tp, weight_dtype=exp.model.dtype, kv_dtype=kv_dtype, efficiency=eff,
                              link=comm_link(exp, hw, tp))
 
@@ -412,7 +470,8 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     """
     t0 = time.perf_counter()
     check_composition(exp, own_requests=requests is not None)
-    pools = [(cfg, sub, _build_pool_deployment(cfg, i, sub)) for i, (cfg, sub) in enumerate(pool_experiments(exp))]
+    pd = exp.deployment.mode == "disaggregated"
+    pools = [(cfg, sub, _build_pool_deployment(cfg, i, sub, pd)) for i, (cfg, sub) in enumerate(pool_experiments(exp))]
     reqs = requests if requests is not None else build_requests(exp)
     horizon = exp.simulation.horizon_s
     if horizon is not None and reqs and horizon < min(r.arrival_time for r in reqs):
@@ -616,8 +675,15 @@ def _kv_transfer(exp: Experiment, sub: Experiment, dep: Deployment, pools: list,
     per_gpu = t.bandwidth_gbps * 1e9 if t.bandwidth_gbps else {
         "nvlink": hw.link_bandwidth, "pcie": hw.pcie_bandwidth, "rdma": RDMA_NIC_BYTES_PER_S}[t.link]
     links = min(sub.hardware.tensor_parallel_size, d_sub.hardware.tensor_parallel_size)
-    cost = TransferCost(per_token + drafter, drafter, sub.engine.block_size, t.handshake_ms * 1e-3,
-                        t.per_block_us * 1e-6, t.latency_us * 1e-6, t.kv_lease_s)
+    bytes_for = None
+    if dep.kv_layout is not None and dep.kv_layout.is_hybrid:  # the hybrid manager sends each group's own blocks
+        groups = HybridKV(dep.kv_layout.runtime_spec(dep.scheduler_config.max_num_batched_tokens))
+        layer_bytes = model.kv_bytes_per_token_per_layer(kv_dtype, 1)
+        state = max(model.state_bytes_per_layer(k, 1, sub.model.dtype) for k in ("linear_attention", "mamba")
+                    if model.count_layers(k)) if model.count_layers("linear_attention", "mamba") else 0
+        bytes_for = lambda n: groups.bytes_to_send(n, layer_bytes, state)  # noqa: E731
+    cost = TransferCost(per_token + drafter, drafter, dep.block_size, t.handshake_ms * 1e-3,
+                        t.per_block_us * 1e-6, t.latency_us * 1e-6, t.kv_lease_s, bytes_for)
     return cost, per_gpu * links
 
 
@@ -642,10 +708,10 @@ def closed_loop_concurrency(exp: Experiment) -> int | None:
     return None
 
 
-def _build_pool_deployment(cfg, index: int, exp: Experiment) -> Deployment:
+def _build_pool_deployment(cfg, index: int, exp: Experiment, kv_connector: bool = False) -> Deployment:
     """build_deployment for one pool; an error names the pool."""
     try:
-        return build_deployment(exp)
+        return build_deployment(exp, kv_connector)
     except ValueError as e:
         if cfg is None:
             raise
@@ -672,11 +738,14 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
         options = replace(options, record_breakdown=run.record_breakdown, fast_forward=exp.simulation.fast_forward)
     own_loop = not lock_step(exp)
     out = []
+    hybrid = dep.kv_layout is not None and dep.kv_layout.is_hybrid
     for i in range(first_id, first_id + exp.cluster.num_instances):
-        kv = KVCacheManager(dep.num_gpu_blocks, e.block_size, dep.scheduler_config.max_model_len,
-                            enable_prefix_caching=e.enable_prefix_caching,
+        kv = KVCacheManager(dep.num_gpu_blocks, dep.block_size, dep.scheduler_config.max_model_len,
+                            enable_prefix_caching=dep.enable_prefix_caching,
                             prepend_unhashed=dep.prepend_unhashed,
-                            drop_last_hit_block=spec_setup.drops_last_hit_block(exp))
+                            drop_last_hit_block=spec_setup.drops_last_hit_block(exp),
+                            hybrid=HybridKV(dep.kv_layout.runtime_spec(dep.scheduler_config.max_num_batched_tokens),
+                                            spec_setup.drops_last_hit_block(exp)) if hybrid else None)
         scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir, exp.policy.options, exp.seed)
         inst = Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
                         record_events=run.record_events, options=options, pool=pool, start=own_loop,
@@ -693,6 +762,8 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
             inst.steps = StepLog(i, dep.num_gpu_blocks - 1, None, run.rows_per_log, num_slots=inst.steps.num_slots,
                                  spill_folder=run.spill_folder)
         inst.stop_time = run.horizon if run.horizon else float("inf")
+        if hybrid:  # the fast-forward plans full-attention block needs only: hybrids go step by step
+            inst.disable_fast_forward()
         out.append(inst)
     return out
 

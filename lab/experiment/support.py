@@ -130,6 +130,28 @@ def _session_router(exp: Experiment, sub: Experiment) -> bool:
     return sub.cluster.router == "session_affinity"
 
 
+def _model(sub: Experiment):
+    """The pool's model, or None when it cannot be loaded (the build names that error)."""
+    from lab.costmodel.model_arch import load_model  # noqa: PLC0415
+
+    m = sub.model
+    try:
+        return load_model(m.name, sub.path(m.hf_config, "model.hf_config") if m.hf_config else None)
+    except (ValueError, OSError):
+        return None
+
+
+def _hybrid(exp: Experiment, sub: Experiment) -> bool:
+    model = _model(sub)
+    return model is not None and model.is_hybrid
+
+
+def _recurrent(exp: Experiment, sub: Experiment) -> bool:
+    """A hybrid with Mamba / linear-attention layers (recurrent state)."""
+    model = _model(sub)
+    return model is not None and model.count_layers("linear_attention", "mamba") > 0
+
+
 FEATURES: tuple[Feature, ...] = (
     Feature("spec", "speculative decoding (any method)", "speculative", _spec(), needs="supports_speculation"),
     Feature("ngram", "n-gram speculative decoding", "speculative.method: ngram", _spec("ngram"),
@@ -152,6 +174,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature("frontend", "API-server front end", "frontend", _frontend),
     Feature("affinity", "session-affinity router", "cluster.router / pools[].router: session_affinity",
             _session_router),
+    Feature("hybrid", "hybrid model (sliding window, chunked, linear attention / Mamba layers; vLLM's hybrid KV "
+            "cache manager)", "model: a hybrid (layer_types)", _hybrid),
 )
 
 _BY_KEY = {f.key: f for f in FEATURES}
@@ -177,6 +201,47 @@ REFUSALS: tuple[Refusal, ...] = (
             "load; use workload.source sessions (or a trace with session_id), or router least_requests",
             "servelab (nothing to be affine to)",
             when=lambda exp, sub: exp.workload.source == "synthetic", about_workload=True),
+    Refusal(("hybrid", "swap"),
+            "policy.preemption.mode swap with a hybrid model: swap preemption is vLLM V0's, and V0 has no hybrid KV "
+            "cache manager (V1 preempts by recompute only); use mode recompute",
+            "vLLM 0.33: vllm/v1/core/sched/scheduler.py (recompute only), vllm/v1/core/kv_cache_coordinator.py"),
+    Refusal(("hybrid", "offload"),
+            "engine.kv_offloading_size with a hybrid model: a CPU tier holding each KV cache group's blocks (sliding "
+            "windows, Mamba state) is not modelled; remove kv_offloading_size",
+            "servelab"),
+    Refusal(("hybrid", "pp"),
+            "hardware.pipeline_parallel_size > 1 with a hybrid model: the KV cache groups of each pipeline stage "
+            "(vLLM projects the model's groups onto each stage's layers) are not modelled; use tensor parallelism",
+            "servelab"),
+    Refusal(("hybrid", "pd"),
+            "deployment.mode disaggregated with a Mamba / linear-attention hybrid before vLLM 0.33: a KV connector "
+            "turns the hybrid KV cache manager off, and recurrent state cannot be folded into full-attention blocks, "
+            "so vLLM does not start; use engine.vllm_version 0.33 (NIXL keeps the hybrid manager) or run colocated",
+            "vLLM 0.19: vllm/config/vllm.py (HMA off with --kv-transfer-config), vllm/v1/core/kv_cache_utils.py "
+            "(unify_hybrid_kv_cache_specs)",
+            when=lambda exp, sub: _recurrent(exp, sub) and sub.engine.vllm_version != "0.33"),
+    Refusal(("hybrid", "spec"),
+            "speculative.method draft_model with a hybrid model: a separate draft model's KV in the hybrid model's "
+            "KV cache groups (one page size across both models) is not modelled; use eagle, eagle3, mtp or ngram",
+            "servelab",
+            when=lambda exp, sub: sub.speculative is not None and sub.speculative.method == "draft_model"),
+    Refusal(("hybrid",),
+            "cost_model.kind other than roofline with a hybrid model: sliding-window, chunked, linear-attention and "
+            "Mamba layers are priced by the roofline only (lab/costmodel/hybrid_cost.py); use cost_model.kind "
+            "roofline",
+            "servelab",
+            when=lambda exp, sub: sub.cost_model.kind != "roofline"),
+    Refusal(("hybrid",),
+            "engine.disable_hybrid_kv_cache_manager with a Mamba / linear-attention hybrid: without the hybrid manager "
+            "recurrent state cannot be folded into full-attention blocks and vLLM does not start; leave it false",
+            "vLLM 0.33: vllm/v1/core/kv_cache_utils.py (unify_hybrid_kv_cache_specs)",
+            when=lambda exp, sub: _recurrent(exp, sub) and sub.engine.disable_hybrid_kv_cache_manager),
+    Refusal(("hybrid",),
+            "policy.scheduler sglang with a Mamba / linear-attention hybrid: SGLang keeps recurrent state in a pool "
+            "of its own with its own radix cache (MambaRadixCache), which is not modelled; use vllm_v1 (or a "
+            "sliding-window hybrid with sglang)",
+            "servelab",
+            when=lambda exp, sub: _recurrent(exp, sub) and sub.policy.scheduler == "sglang"),
 )
 
 
@@ -243,8 +308,8 @@ def feature_pairs() -> dict[tuple[str, str], Refusal]:
 
 def markdown_tables(scheduler_classes: dict[str, type]) -> str:
     """The support matrix as Markdown: features x features (a number points at the refusal listed under the
-    table), schedulers x features (the capability each feature needs), and the list of refusals with whose rule
-    each is.
+    table; in parentheses when the refusal has a narrower condition than the two features), schedulers x features
+    (the capability each feature needs), and the list of refusals with whose rule each is.
 
     Args:
         scheduler_classes: scheduler name -> class (``policies.scheduler_class`` of each registered name).
@@ -257,7 +322,8 @@ def markdown_tables(scheduler_classes: dict[str, type]) -> str:
         cells = []
         for k in keys:
             r = refused.get((f.key, k))
-            cells.append("—" if k == f.key else f"✗{numbers[id(r)]}" if r is not None else "✓")
+            cells.append("—" if k == f.key else "✓" if r is None else
+                         f"✗{numbers[id(r)]}" if r.when is None else f"(✗{numbers[id(r)]})")
         lines.append(f"| `{f.key}` | " + " | ".join(cells) + " |")
     lines += ["", "| feature | what | turned on by | scheduler capability needed |", "|---|---|---|---|"]
     lines += [f"| `{f.key}` | {f.title} | `{f.fields}` | {f'`{f.needs}`' if f.needs else '—'} |" for f in FEATURES]
@@ -267,7 +333,7 @@ def markdown_tables(scheduler_classes: dict[str, type]) -> str:
     for name, cls in scheduler_classes.items():
         cells = ["✓" if getattr(cls, f.needs) else "✗" for f in needing]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    lines += ["", "Refused combinations:", ""]
+    lines += ["", "Refused combinations (in the first table, `(✗n)`: refused only under refusal n's condition):", ""]
     lines += [f"{i}. {' + '.join(f'`{k}`' for k in r.features)}: {r.reason}. Rule: {r.rule}."
               for i, r in enumerate(REFUSALS, 1)]
     return "\n".join(lines) + "\n"
