@@ -304,12 +304,26 @@ class HybridKV:
         return length - skipped
 
     # ---- allocation ----
+    def admission_cap(self, g: KVGroup) -> int:
+        """The most blocks a windowed group reserves for one request at admission (vLLM
+        ``max_admission_blocks_per_request``, the bound ``remove_skipped_blocks`` keeps it under: sliding window
+        ``ceil((w - 1 + max_num_batched_tokens) / bs) + 1``, chunked ``ceil((a + max_num_batched_tokens) / bs)``);
+        0 for other groups (no cap)."""
+        bs = self.spec.block_size
+        mbt = self.spec.max_num_batched_tokens
+        if g.kind == SLIDING:
+            return -(-(g.window - 1 + mbt) // bs) + 1
+        if g.kind == CHUNKED:
+            return -(-(g.window + mbt) // bs)
+        return 0
+
     def _need(self, pool: Any, request: Request, st: _State | None, total: int, main: int, skip_at: int,
-              hits: list[list[int]] | None) -> tuple[int, int]:
+              hits: list[list[int]] | None, admission: bool = False) -> tuple[int, int]:
         """(new blocks to take from the free queue, evictable hit blocks) over every group (vLLM
         ``get_num_blocks_to_allocate``) for ``total`` token slots (``main``: without lookahead, what an align-mode
-        Mamba group counts), windowed groups skipping what lies before the window at ``skip_at`` computed tokens;
-        nothing changes."""
+        Mamba group counts), windowed groups skipping what lies before the window at ``skip_at`` computed tokens and,
+        for the ``admission`` gate (the whole sequence), capped at :meth:`admission_cap` (vLLM
+        ``apply_admission_cap``); nothing changes."""
         bs = self.spec.block_size
         spec_blocks = self.spec.num_speculative_blocks
         rc = pool.ref_cnt
@@ -324,10 +338,16 @@ class HybridKV:
                 n = -(-main // bs) + spec_blocks - len(hit) - len(held)
                 if n > 0:
                     n = 1 if (st is not None and st.allocated[gi]) else 1 + spec_blocks
-            elif g.kind == FULL or (held and not hit):
+            elif g.kind == FULL:
                 n = -(-total // bs) - len(held) - len(hit)
-            else:  # a windowed group's first allocation: positions before the window are not allocated
-                n = -(-total // bs) - max(self._skipped(g, skip_at) // bs, len(hit) + len(held))
+            else:
+                required = -(-total // bs)
+                if admission:
+                    required = min(required, self.admission_cap(g))
+                if held and not hit:
+                    n = required - len(held)
+                else:  # a windowed group's first allocation: positions before the window are not allocated
+                    n = required - max(self._skipped(g, skip_at) // bs, len(hit) + len(held))
             if n > 0:
                 new += n
             for b in hit:
@@ -369,7 +389,7 @@ class HybridKV:
             return False
         if full_seq and full_seq > total:
             whole = min(full_seq, max_len)
-            if self._need(pool, request, st, whole, whole, skip_at, hits)[0] + evictable > free:
+            if self._need(pool, request, st, whole, whole, skip_at, hits, admission=True)[0] + evictable > free:
                 return False
         st = self.state(request)
         if hits:
