@@ -20,13 +20,18 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lab.core.kv_cache import unique_content
 from lab.core.request import Request, RequestStatus
-from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
+from lab.core.sched_api import WAITS, Admission, EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
 from policies.common import (allocate_or_preempt, allocate_waiting, is_running, lookup, next_waiting,
                              resolve_victim_rule, take_waiting)
 
 _RUNNING = RequestStatus.RUNNING
+
+
+def prefill_chunk(config: SchedulerConfig, request: Request, num_computed: int, budget: int) -> int:
+    """Pass 2's chunk for a request part-way through its prompt with ``num_computed`` tokens computed: the rest of
+    it, cut to the ``budget`` left and ``max_model_len`` (its blocks were reserved at admission); 0 or less: none."""
+    return min(request.num_tokens - num_computed, budget, config.max_model_len - 1 - num_computed)
 
 
 class SarathiScheduler(SchedulerBase):
@@ -53,72 +58,25 @@ class SarathiScheduler(SchedulerBase):
     def __init__(self, options: "SarathiScheduler.Options | None" = None) -> None:
         self.options = options or self.Options()
 
-    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_scheduled_tokens: int,
-                           num_free_blocks: int) -> bool:
-        """Pass 3's decision on ``head`` for a schedule whose pass 1 only decoded (see
-        :meth:`SchedulerBase.head_stays_blocked`): blocked by ``max_num_seqs``, by no budget left after the
-        decodes, or by KV (blocks for its whole prompt, ``KVCacheManager.blocks_to_admit``, above the free blocks
-        less the watermark). False (cannot tell) for a swapped-out head, prefix hits that may change, or a
-        subclass with a schedule of its own (this rule describes this class's :meth:`schedule`)."""
-        if type(self).schedule is not SarathiScheduler.schedule:
-            return False
-        if num_running >= engine.config.max_num_seqs:
-            return True
-        if self.options.chunk_size - num_scheduled_tokens <= 0:
-            return True
-        if head.num_computed_tokens:
-            return False
-        need = engine.kv.blocks_to_admit(head, head.num_tokens)
-        if need is None:
-            return False
-        return need > num_free_blocks - int(self.options.watermark * engine.kv.pool.num_gpu_blocks)
-
-    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
-                     num_free_blocks: int, num_waiting: int = 1) -> bool:
-        """Pass 3's decision on the waiting head ``request`` for a schedule whose passes 1-2 scheduled
-        ``num_scheduled_tokens`` tokens (see :meth:`SchedulerBase.admits_whole`): admitted whole when a
-        ``max_num_seqs`` slot is free, its prompt fits the budget left and its blocks the free blocks less the
-        watermark; False (cannot tell) for a request holding computed state, prefix hits that may change, or a
-        subclass with a schedule of its own."""
-        n = self._admission(engine, request, num_running, num_scheduled_tokens, num_free_blocks)
-        return n is not None and n == request.num_tokens
-
-    def admits_chunk(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
-                     num_free_blocks: int, num_waiting: int) -> tuple[int, int] | None:
-        """Pass 3's first chunk for the waiting head ``request`` when its prompt does not fit the budget left (see
-        :meth:`SchedulerBase.admits_chunk`): the budget left, its admission reserving the blocks of its whole
-        prompt."""
-        n = self._admission(engine, request, num_running, num_scheduled_tokens, num_free_blocks)
-        return (n, request.num_tokens) if n is not None and n < request.num_tokens else None
-
-    def _admission(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
-                   num_free_blocks: int) -> int | None:
-        """The tokens pass 3 computes for ``request`` when it admits it (blocks for its whole prompt, no prefix
-        hit), or None when it would not or the answer depends on hits."""
-        if type(self).schedule is not SarathiScheduler.schedule:
-            return None
-        kv = engine.kv
+    def admission(self, engine: EngineView, request: Request, num_hit_tokens: int | None, num_running: int,
+                  num_scheduled_tokens: int, num_requests: int) -> Admission | None:
+        """Pass 3's decision on ``request`` (see :meth:`SchedulerBase.admission`): it waits when ``max_num_seqs`` is
+        full or the step's ``chunk_size`` is spent; else it computes its uncached tokens up to the budget left,
+        its admission reserving the blocks of the rest of its prompt, and leaves the watermark free."""
         budget = self.options.chunk_size - num_scheduled_tokens
-        if num_running >= engine.config.max_num_seqs or budget <= 0 or request.num_computed_tokens:
-            return None
-        if kv.enable_prefix_caching and (not unique_content(request) or request.prev_blocks is not None):
-            return None
-        need = kv.blocks_to_admit(request, request.num_tokens)
-        if need is None or need > num_free_blocks - int(self.options.watermark * kv.pool.num_gpu_blocks):
-            return None
-        return min(request.num_tokens, budget)
+        if num_running >= engine.config.max_num_seqs or budget <= 0:
+            return WAITS
+        remaining = request.num_tokens - (num_hit_tokens or 0)
+        n = min(remaining, budget)
+        return Admission(n, num_reserved_tokens=remaining - n,
+                         reserved_blocks=int(self.options.watermark * engine.kv.pool.num_gpu_blocks))
 
-    def running_chunk(self, engine: EngineView, request: Request, num_computed_tokens: int,
-                      num_scheduled_tokens: int) -> int | None:
-        """Pass 2's chunk for ``request``, part-way through its prompt (see :meth:`SchedulerBase.running_chunk`):
-        what is left of it, cut to the budget left and the model length (its blocks were reserved at admission);
-        None when the budget is spent."""
-        if type(self).schedule is not SarathiScheduler.schedule:
-            return None
-        budget = self.options.chunk_size - num_scheduled_tokens
-        n = min(request.num_tokens - num_computed_tokens, budget,
-                engine.config.max_model_len - 1 - num_computed_tokens)
-        return n if n > 0 else None
+    def running_tokens(self, engine: EngineView, request: Request, num_computed_tokens: int,
+                       num_scheduled_tokens: int) -> int | None:
+        """Pass 2's chunk for ``request``, part-way through its prompt (see :meth:`SchedulerBase.running_tokens`):
+        :func:`prefill_chunk` after ``num_scheduled_tokens`` tokens."""
+        return prefill_chunk(engine.config, request, num_computed_tokens,
+                             self.options.chunk_size - num_scheduled_tokens)
 
     def schedule(self, engine: EngineView) -> SchedulerOutput:
         cfg = engine.config
@@ -158,7 +116,7 @@ class SarathiScheduler(SchedulerBase):
                 break
             if not is_running(r):
                 continue
-            n = min(r.num_tokens - r.num_computed_tokens, budget, cfg.max_model_len - 1 - r.num_computed_tokens)
+            n = prefill_chunk(cfg, r, r.num_computed_tokens, budget)
             if n <= 0:
                 continue
             ok, refunded = allocate_or_preempt(engine, out, r, n, rule,
@@ -168,22 +126,21 @@ class SarathiScheduler(SchedulerBase):
                 out.add(r, n)
                 budget -= n
         # Pass 3: admit waiting requests (Sarathi admits even in a step that preempted).
-        watermark_blocks = int(self.options.watermark * kv.pool.num_gpu_blocks)
-        while budget > 0 and len(engine.running) < cfg.max_num_seqs:
+        while True:
             r = next_waiting(engine)
             if r is None:
                 break
             hits, num_hit = lookup(engine, r)
-            remaining = r.num_tokens - num_hit
-            n = min(remaining, budget)
-            if not allocate_waiting(engine, r, n, hits, num_hit, num_reserved_tokens=remaining - n,
-                                    reserved_blocks=watermark_blocks):
-                out.waiting_blocked = True  # by KV: it needs its whole prompt's blocks, whatever the budget
+            adm = self.admission(engine, r, num_hit, len(engine.running), self.options.chunk_size - budget, 0)
+            if not adm.num_new_tokens:
                 break
+            if not allocate_waiting(engine, r, adm.num_new_tokens, hits, num_hit,
+                                    num_reserved_tokens=adm.num_reserved_tokens, reserved_blocks=adm.reserved_blocks):
+                out.waiting_blocked = True  # by KV: it needs its whole prompt's blocks, whatever the budget
+                return out
             take_waiting(engine, r)
             engine.admit(r, num_hit)
-            out.add(r, n)
-            budget -= n
-        else:
-            out.waiting_blocked = budget > 0  # stopped by max_num_seqs
+            out.add(r, adm.num_new_tokens)
+            budget -= adm.num_new_tokens
+        out.waiting_blocked = budget > 0 and len(engine.running) >= cfg.max_num_seqs  # stopped by max_num_seqs
         return out

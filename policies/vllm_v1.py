@@ -11,13 +11,48 @@ first; the first allocation failure stops it (head-of-line blocking; a waiting r
 
 from __future__ import annotations
 
-from lab.core.kv_cache import unique_content
 from lab.core.request import Request, RequestStatus
-from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
+from lab.core.sched_api import WAITS, Admission, EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
 from policies.common import (aligned_split, allocate_or_preempt, allocate_waiting, lookup, next_waiting,
                              preemption_reason, resolve_victim_rule, schedule_drafts, start_cpu_load, take_waiting)
 
 _RUNNING = RequestStatus.RUNNING
+
+
+def effective_threshold(config: SchedulerConfig, num_requests: int) -> int:
+    """The long-prefill threshold in force in a schedule that began with ``num_requests`` running + waiting
+    requests: vLLM 0.19 and later apply it only when more than one request is there
+    (``threshold_only_when_contended``); 0 = none."""
+    t = config.long_prefill_token_threshold
+    return 0 if t and config.threshold_only_when_contended and num_requests <= 1 else t
+
+
+def watermark_blocks(config: SchedulerConfig, num_gpu_blocks: int, num_running: int) -> int:
+    """Free blocks an admission must leave (``watermark`` of the cache), when requests are running; 0 else."""
+    return int(config.watermark * num_gpu_blocks) if config.watermark and num_running else 0
+
+
+def tokens_to_run(config: SchedulerConfig, request: Request, num_computed: int, budget: int, threshold: int,
+                  split=None) -> int:
+    """Phase 1's tokens for a running request with ``num_computed`` tokens computed (vLLM: ``num_tokens_with_spec
+    + num_output_placeholders - num_computed_tokens``), cut by the long-prefill ``threshold``, the ``budget`` left
+    and ``max_model_len`` (``min(n, max_model_len - 1 - num_computed_tokens)``, necessary with drafts), and for a
+    Mamba hybrid caching its state to a block boundary (``split``); 0 or less: none this step. Under async
+    scheduling none either once the step in flight samples its last token (its ``max_tokens`` is certain)."""
+    p = request.num_output_placeholders
+    if p and num_computed + 2 - p >= request.prompt_len + request.stop_at:
+        return 0
+    n = request.prompt_len + request.num_output_tokens + request.num_spec_tokens + p - num_computed
+    if 0 < threshold < n:
+        n = threshold
+    if n > budget:
+        n = budget
+    cap = config.max_model_len - 1 - num_computed
+    if n > cap:
+        n = cap
+    if split is not None and n > 0:
+        n = split(request, n, 0)
+    return n
 
 
 def admission_lookahead(config: SchedulerConfig, request: Request) -> int:
@@ -53,21 +88,22 @@ class VLLMV1Scheduler(SchedulerBase):
     def schedule(self, engine: EngineView) -> SchedulerOutput:
         cfg = engine.config
         out = SchedulerOutput()
-        threshold = cfg.long_prefill_token_threshold
-        if threshold and cfg.threshold_only_when_contended and len(engine.running) + len(engine.waiting) <= 1:
-            threshold = 0
-        budget = self.schedule_running(engine, out, cfg.max_num_batched_tokens, threshold)
+        num_requests = len(engine.running) + len(engine.waiting)
+        budget = self.schedule_running(engine, out, cfg.max_num_batched_tokens,
+                                       effective_threshold(cfg, num_requests))
         if not out.preempted:
-            self.schedule_waiting(engine, out, budget, threshold)
+            self.schedule_waiting(engine, out, budget, num_requests)
         return out
 
+    # ---- phase 1: the running requests ----
     def schedule_running(self, engine: EngineView, out: SchedulerOutput, budget: int, threshold: int) -> int:
         """Phase 1: running requests in admission order; returns the budget left.
 
         Built in two moves that give the same schedule as one request at a time: the tokens of every request are
-        planned first, as if each allocation succeeds (a request's tokens depend only on its own state and the
-        budget), and allocated in one call (``kv.allocate_running``). Only when an allocation fails does the
-        scheduler go on request by request from there, preempting (:meth:`_schedule_running_from`)."""
+        planned first (:func:`tokens_to_run`), as if each allocation succeeds (a request's tokens depend only on
+        its own state and the budget), and allocated in one call (``kv.allocate_running``). Only when an
+        allocation fails does the scheduler go on request by request from there, preempting
+        (:meth:`_schedule_running_from`)."""
         running = list(engine.running)
         reqs, news, drafts, left = self._plan_running(engine, running, budget, threshold)
         done = engine.kv.allocate_running(reqs, news, engine.config.num_lookahead_tokens)
@@ -87,42 +123,25 @@ class VLLMV1Scheduler(SchedulerBase):
                       threshold: int) -> tuple[list, list[int], list[int], int]:
         """Phase 1's tokens if every allocation succeeds: (the requests scheduled, in ``running`` order, their
         token counts, indices into those of the requests with drafts, the budget left). Changes nothing."""
-        max_model_len = engine.config.max_model_len
+        cfg = engine.config
         gate = engine.pipeline_async  # async PP (V2 runner): a decode waits for its eligible scheduler step
         step_index = engine.num_scheduler_steps
         split = aligned_split(engine)  # a Mamba hybrid caching its state: prefill chunks end on block boundaries
         reqs: list = []
         news: list[int] = []
         drafts: list[int] = []
-        add_req = reqs.append
-        add_new = news.append
         for r in running:
             if budget <= 0:
                 break
-            if r.status is not _RUNNING:
+            if r.status is not _RUNNING or (gate and r.next_decode_eligible_step > step_index):
                 continue
-            p = r.num_output_placeholders
-            c = r.num_computed_tokens
-            if gate and r.next_decode_eligible_step > step_index:
-                continue
-            if p and c + 2 - p >= r.prompt_len + r.stop_at:
-                continue  # async: the step in flight samples its last token; do not schedule past it
-            k = r.num_spec_tokens
-            n = r.prompt_len + r.num_output_tokens + k + p - c
-            if 0 < threshold < n:
-                n = threshold
-            if n > budget:
-                n = budget
-            if c + n >= max_model_len:
-                n = max_model_len - 1 - c
-            if split is not None and n > 0:
-                n = split(r, n, 0)
+            n = tokens_to_run(cfg, r, r.num_computed_tokens, budget, threshold, split)
             if n <= 0:
                 continue
-            if k:
+            if r.num_spec_tokens:
                 drafts.append(len(reqs))
-            add_req(r)
-            add_new(n)
+            reqs.append(r)
+            news.append(n)
             budget -= n
         return reqs, news, drafts, budget
 
@@ -131,47 +150,19 @@ class VLLMV1Scheduler(SchedulerBase):
         """Phase 1 from ``running[start]`` on, one request at a time (allocation with preemption); returns the
         budget left."""
         cfg = engine.config
-        kv = engine.kv
-        max_model_len = cfg.max_model_len
         lookahead = cfg.num_lookahead_tokens
-        allocate = kv.allocate_slots
-        out_reqs = out.requests
-        out_news = out.num_new_tokens
-        rule = None
+        rule = resolve_victim_rule(engine)
         gate = engine.pipeline_async
         step_index = engine.num_scheduler_steps
         split = aligned_split(engine)
         for r in running[start:]:
             if budget <= 0:
                 break
-            if r.status is not _RUNNING:
-                continue  # preempted earlier in this step
-            p = r.num_output_placeholders
-            c = r.num_computed_tokens
-            if gate and r.next_decode_eligible_step > step_index:
-                continue
-            if p and c + 2 - p >= r.prompt_len + r.stop_at:
-                continue  # async: the step in flight samples its last token; do not schedule past it
-            n = r.prompt_len + r.num_output_tokens + r.num_spec_tokens + p - c
-            if 0 < threshold < n:
-                n = threshold
-            if n > budget:
-                n = budget
-            cap = max_model_len - 1 - c
-            if n > cap:
-                n = cap
-            if split is not None and n > 0:
-                n = split(r, n, 0)
+            if r.status is not _RUNNING or (gate and r.next_decode_eligible_step > step_index):
+                continue  # (preempted earlier in this step, or waiting for its eligible step)
+            n = tokens_to_run(cfg, r, r.num_computed_tokens, budget, threshold, split)
             if n <= 0:
                 continue
-            if allocate(r, n, None, 0, lookahead):  # the common case, inline
-                out_reqs.append(r)
-                out_news.append(n)
-                budget -= n
-                if r.num_spec_tokens:
-                    schedule_drafts(out, r, n)
-                continue
-            rule = rule or resolve_victim_rule(engine)
             ok, refunded = allocate_or_preempt(engine, out, r, n, rule, lookahead)
             budget += refunded
             if ok:
@@ -181,168 +172,67 @@ class VLLMV1Scheduler(SchedulerBase):
                     schedule_drafts(out, r, n)
         return budget
 
-    def decode_preemption_reason(self, engine: EngineView, requester: Request) -> str | None:
-        """:meth:`schedule`'s preemption in a schedule whose phase 1 only decodes (see
-        :meth:`SchedulerBase.decode_preemption_reason`): with the ``last`` victim rule (``auto`` with an FCFS
-        queue), recompute preemption and victims put back at the head of the waiting queue, phase 1 preempts the
-        last running request until the decode fits (:func:`policies.common.allocate_or_preempt`) and phase 2 does
-        not run. None for any other rule, swap preemption, requeue at the tail, and for a subclass with a phase 1
-        or a ``schedule`` of its own."""
-        cls = type(self)
-        if cls.schedule is not VLLMV1Scheduler.schedule or cls.schedule_running is not VLLMV1Scheduler.schedule_running:
+    def running_tokens(self, engine: EngineView, request: Request, num_computed_tokens: int,
+                       num_scheduled_tokens: int) -> int | None:
+        """:func:`tokens_to_run` after ``num_scheduled_tokens`` tokens (see :meth:`SchedulerBase.running_tokens`);
+        None under a long-prefill threshold (whether it is in force depends on the queue at that schedule)."""
+        cfg = engine.config
+        if cfg.long_prefill_token_threshold:
             return None
+        n = tokens_to_run(cfg, request, num_computed_tokens, cfg.max_num_batched_tokens - num_scheduled_tokens, 0,
+                          aligned_split(engine))
+        return n if n > 0 else 0
+
+    def decode_preemption_reason(self, engine: EngineView, requester: Request) -> str | None:
+        """Phase 1's preemption in a schedule that only decodes (see :meth:`SchedulerBase.decode_preemption_reason`):
+        with the ``last`` victim rule (``auto`` with an FCFS queue), recompute preemption and victims put back at
+        the head of the waiting queue, :func:`policies.common.allocate_or_preempt` preempts the last running
+        request until the decode fits, and phase 2 does not run. None for any other rule, swap preemption or
+        requeue at the tail."""
         cfg = engine.config
         if (resolve_victim_rule(engine) != "last" or cfg.preemption_mode != "recompute"
                 or cfg.preemption_requeue == "tail"):
             return None
         return preemption_reason(requester, 1, "last")
 
-    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_scheduled_tokens: int,
-                           num_free_blocks: int) -> bool:
-        """:meth:`schedule_waiting`'s decision on ``head`` for a schedule whose phase 1 only decoded (see
-        :meth:`SchedulerBase.head_stays_blocked`): blocked by ``max_num_seqs``, by no budget left, by a prompt
-        that does not fit the budget without chunked prefill, or by KV (its blocks, from
-        ``KVCacheManager.blocks_to_admit``, above the free blocks less the watermark). False (cannot tell) with
-        a CPU KV tier, a swapped-out head, prefix hits that may change, or a padded one-token admission, and for a
-        subclass with an admission phase of its own (this rule describes this class's :meth:`schedule_waiting`)."""
-        if type(self).schedule_waiting is not VLLMV1Scheduler.schedule_waiting:
-            return False
+    # ---- phase 2: the waiting requests ----
+    def admission(self, engine: EngineView, request: Request, num_hit_tokens: int | None, num_running: int,
+                  num_scheduled_tokens: int, num_requests: int) -> Admission | None:
+        """Phase 2's decision on ``request`` (see :meth:`SchedulerBase.admission`): it waits when ``max_num_seqs``
+        is full, the budget is spent, or (chunked prefill off) its uncached tokens exceed the budget left; else it
+        computes its uncached tokens cut by the long-prefill threshold (:func:`effective_threshold`), the budget
+        and a Mamba hybrid's block alignment, with its lookahead slots (:func:`admission_lookahead`), the
+        ``scheduler_reserve_full_isl`` gate and the watermark; a one-token admission is padded with placeholder
+        drafts (vLLM 0.33 ``pad_new_one_token_requests``). With ``num_hit_tokens`` unknown a prompt over the budget
+        may still be shortened by a hit: None then."""
         cfg = engine.config
-        if num_running >= cfg.max_num_seqs:
-            return True
         budget = cfg.max_num_batched_tokens - num_scheduled_tokens
-        if budget <= 0:
-            return True
-        if engine.kv_offload is not None or head.num_computed_tokens:
-            return False
-        threshold = cfg.long_prefill_token_threshold
-        if threshold and cfg.threshold_only_when_contended and num_running + len(engine.waiting) <= 1:
-            threshold = 0
-        n = head.num_tokens
+        if num_running >= cfg.max_num_seqs or budget <= 0:
+            return WAITS
+        hit = num_hit_tokens or 0
+        n = request.num_tokens - hit
+        threshold = effective_threshold(cfg, num_requests)
         if 0 < threshold < n:
             n = threshold
         if not cfg.enable_chunked_prefill and n > budget:
-            # (unless a prefix hit, shared content's or its own freed blocks', may leave fewer tokens to compute:
-            # cannot tell)
-            return not engine.kv.enable_prefix_caching or (unique_content(head) and head.prev_blocks is None)
+            return WAITS if num_hit_tokens is not None else None
         if n > budget:
             n = budget
-        if cfg.pad_new_one_token_requests and n == 1:
-            return False
-        need = engine.kv.blocks_to_admit(head, n, admission_lookahead(cfg, head), cfg.scheduler_reserve_full_isl)
-        if need is None:
-            return False
-        reserve = int(cfg.watermark * engine.kv.pool.num_gpu_blocks) if cfg.watermark and num_running else 0
-        return need > num_free_blocks - reserve
-
-    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
-                     num_free_blocks: int, num_waiting: int = 1) -> bool:
-        """:meth:`schedule_waiting`'s decision on ``request``, the waiting head, for a schedule whose phase 1 only
-        decoded (see :meth:`SchedulerBase.admits_whole`): admitted whole when a ``max_num_seqs`` slot is free, its
-        whole prompt fits the budget left after the tokens already scheduled and the long-prefill threshold (off
-        when uncontended: ``num_running + num_waiting <= 1``, the same sum before and after each admission), and its
-        blocks (``KVCacheManager.blocks_to_admit``, no prefix hit: content unique to it, or caching off) fit the
-        free blocks less the watermark. A request preempted before (recompute) is admitted with its prompt and
-        outputs so far. False (cannot tell) with a CPU KV tier, a request holding computed state, one whose own
-        blocks, freed by a preemption, prefix caching may hit, a padded one-token admission, and for a subclass with
-        an admission phase of its own (or a ``schedule`` of its own)."""
-        if request.prev_blocks is not None and engine.kv.enable_prefix_caching:
-            return False  # its own blocks freed by a preemption may be hit, or handed out by then
-        return self._admits(engine, request, 0, num_running, num_scheduled_tokens, num_free_blocks, num_waiting)
-
-    def admits_resumed(self, engine: EngineView, request: Request, num_hit_tokens: int, num_running: int,
-                       num_scheduled_tokens: int, num_free_blocks: int, num_waiting: int) -> bool:
-        """:meth:`admits_whole` for a request preempted before whose prefix hit here is ``num_hit_tokens`` (see
-        :meth:`SchedulerBase.admits_resumed`): the rest of its sequence must fit the budget and the long-prefill
-        threshold; its blocks count as its whole sequence's (``KVCacheManager.blocks_to_admit`` with
-        ``num_tokens``: each hit block, free, is taken out of the free queue as a new block would be)."""
-        if request.prev_blocks is None or not unique_content(request):
-            return False
-        return self._admits(engine, request, num_hit_tokens, num_running, num_scheduled_tokens, num_free_blocks,
-                            num_waiting)
-
-    def _admits(self, engine: EngineView, request: Request, num_hit_tokens: int, num_running: int,
-                num_scheduled_tokens: int, num_free_blocks: int, num_waiting: int) -> bool:
-        """:meth:`schedule_waiting`'s decision to admit ``request`` whole after a prefix hit of ``num_hit_tokens``
-        (see :meth:`admits_whole`, :meth:`admits_resumed`)."""
-        cls = type(self)
-        if cls.schedule_waiting is not VLLMV1Scheduler.schedule_waiting or cls.schedule is not VLLMV1Scheduler.schedule:
-            return False
-        cfg = engine.config
-        if num_running >= cfg.max_num_seqs or engine.kv_offload is not None or request.num_computed_tokens:
-            return False
-        n = request.num_tokens - num_hit_tokens
-        threshold = cfg.long_prefill_token_threshold
-        if threshold and cfg.threshold_only_when_contended and num_running + num_waiting <= 1:
-            threshold = 0
-        if 0 < threshold < n or n > cfg.max_num_batched_tokens - num_scheduled_tokens:
-            return False
-        if cfg.pad_new_one_token_requests and n == 1:
-            return False
-        if engine.kv.enable_prefix_caching and not unique_content(request):
-            return False
-        # (its whole sequence's blocks: with a hit, each hit block leaves the free queue as a new block would)
-        need = engine.kv.blocks_to_admit(request, request.num_tokens, admission_lookahead(cfg, request),
-                                         cfg.scheduler_reserve_full_isl)
-        if need is None:
-            return False
-        reserve = int(cfg.watermark * engine.kv.pool.num_gpu_blocks) if cfg.watermark and num_running else 0
-        return need <= num_free_blocks - reserve
-
-    def admits_chunk(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
-                     num_free_blocks: int, num_waiting: int) -> tuple[int, int] | None:
-        """:meth:`schedule_waiting`'s first chunk for the waiting head ``request`` when its whole prompt does not
-        fit the budget left (see :meth:`SchedulerBase.admits_chunk`): with chunked prefill, the budget left, when
-        it is below the prompt, the long-prefill threshold does not cut the prompt first, and its blocks fit the
-        free blocks less the watermark (the chunk's blocks only); None in the cases :meth:`admits_whole` cannot
-        tell about."""
-        cls = type(self)
-        if cls.schedule_waiting is not VLLMV1Scheduler.schedule_waiting or cls.schedule is not VLLMV1Scheduler.schedule:
-            return None
-        cfg = engine.config
-        kv = engine.kv
-        if not cfg.enable_chunked_prefill or num_running >= cfg.max_num_seqs or engine.kv_offload is not None:
-            return None
-        if request.num_computed_tokens or (request.prev_blocks is not None and kv.enable_prefix_caching):
-            return None
-        n = request.num_tokens
-        budget = cfg.max_num_batched_tokens - num_scheduled_tokens
-        threshold = cfg.long_prefill_token_threshold
-        if threshold and cfg.threshold_only_when_contended and num_running + num_waiting <= 1:
-            threshold = 0
-        if 0 < threshold < n or not 0 < budget < n:
-            return None
-        if kv.enable_prefix_caching and not unique_content(request):
-            return None
-        need = kv.blocks_to_admit(request, budget, admission_lookahead(cfg, request), cfg.scheduler_reserve_full_isl)
-        if need is None:
-            return None
-        reserve = int(cfg.watermark * kv.pool.num_gpu_blocks) if cfg.watermark and num_running else 0
-        return (budget, budget) if need <= num_free_blocks - reserve else None
-
-    def running_chunk(self, engine: EngineView, request: Request, num_computed_tokens: int,
-                      num_scheduled_tokens: int) -> int | None:
-        """:meth:`_plan_running`'s tokens for ``request``, part-way through its prompt (see
-        :meth:`SchedulerBase.running_chunk`): what is left of it, cut to the budget left; None under a long-prefill
-        threshold (in force or not depends on the queue) or past the model length."""
-        cls = type(self)
-        if cls.schedule_running is not VLLMV1Scheduler.schedule_running or cls.schedule is not VLLMV1Scheduler.schedule:
-            return None
-        cfg = engine.config
-        budget = cfg.max_num_batched_tokens - num_scheduled_tokens
-        n = request.num_tokens - num_computed_tokens
-        if cfg.long_prefill_token_threshold or budget <= 0 or request.num_tokens >= cfg.max_model_len:
-            return None
-        return n if n < budget else budget
-
-    def schedule_waiting(self, engine: EngineView, out: SchedulerOutput, budget: int, threshold: int) -> int:
-        """Phase 2: admit waiting requests in queue order; stops at the first that does not fit."""
-        cfg = engine.config
-        kv = engine.kv
-        running = engine.running
-        full_isl = cfg.scheduler_reserve_full_isl
-        watermark_blocks = int(cfg.watermark * kv.pool.num_gpu_blocks) if cfg.watermark else 0
         split = aligned_split(engine)
+        if split is not None:
+            n = split(request, n, hit)
+        pad = 0
+        if cfg.pad_new_one_token_requests and n == 1 and hit + 1 == request.num_tokens:
+            pad = min(cfg.num_speculative_tokens, budget - 1, max(0, cfg.max_model_len - 1 - request.num_tokens))
+        return Admission(n, admission_lookahead(cfg, request), 0,
+                         watermark_blocks(cfg, engine.kv.pool.num_gpu_blocks, num_running),
+                         cfg.scheduler_reserve_full_isl, pad)
+
+    def schedule_waiting(self, engine: EngineView, out: SchedulerOutput, budget: int, num_requests: int) -> int:
+        """Phase 2: admit waiting requests in queue order (:meth:`admission`); stops at the first that waits or
+        whose blocks do not fit. ``num_requests``: running + waiting when the schedule began."""
+        cfg = engine.config
+        running = engine.running
         while budget > 0:
             if len(running) >= cfg.max_num_seqs:
                 out.waiting_blocked = True
@@ -350,38 +240,30 @@ class VLLMV1Scheduler(SchedulerBase):
             r = next_waiting(engine)
             if r is None:
                 break
-            lookahead = admission_lookahead(cfg, r)
             hits, num_hit = lookup(engine, r)
-            reserve = watermark_blocks if running else 0
             if engine.kv_offload is not None:
-                loading = start_cpu_load(engine, r, hits, num_hit, num_lookahead_tokens=lookahead,
-                                         full_sequence_must_fit=full_isl, reserved_blocks=reserve)
+                loading = start_cpu_load(engine, r, hits, num_hit, num_lookahead_tokens=admission_lookahead(cfg, r),
+                                         full_sequence_must_fit=cfg.scheduler_reserve_full_isl,
+                                         reserved_blocks=watermark_blocks(cfg, engine.kv.pool.num_gpu_blocks,
+                                                                          len(running)))
                 if loading is not None:
                     if loading:
                         continue
                     break
-            n = r.num_tokens - num_hit
-            if 0 < threshold < n:
-                n = threshold
-            if not cfg.enable_chunked_prefill and n > budget:
+            adm = self.admission(engine, r, num_hit, len(running), cfg.max_num_batched_tokens - budget, num_requests)
+            if adm is None or not adm.num_new_tokens:  # (None: a policy of its own that cannot tell stops here)
                 break
-            if n > budget:
-                n = budget
-            if split is not None:
-                n = split(r, n, num_hit)
-            pad = 0
-            if cfg.pad_new_one_token_requests and n == 1 and num_hit + 1 == r.num_tokens:
-                pad = min(cfg.num_speculative_tokens, budget - 1, max(0, cfg.max_model_len - 1 - r.num_tokens))
-                n += pad
-            if not allocate_waiting(engine, r, n, hits, num_hit, num_lookahead_tokens=lookahead,
-                                    full_sequence_must_fit=full_isl, reserved_blocks=reserve):
+            n = adm.num_new_tokens + adm.num_padded_drafts
+            if not allocate_waiting(engine, r, n, hits, num_hit, num_lookahead_tokens=adm.num_lookahead_tokens,
+                                    full_sequence_must_fit=adm.full_sequence_must_fit,
+                                    reserved_blocks=adm.reserved_blocks):
                 out.waiting_blocked = True  # by KV: it needs no fewer blocks while the batch only decodes
                 break
             take_waiting(engine, r)
             engine.admit(r, num_hit)
             out.add(r, n)
             budget -= n
-            if pad > 0:
-                out.num_spec_tokens[r] = pad
+            if adm.num_padded_drafts:
+                out.num_spec_tokens[r] = adm.num_padded_drafts
                 out.padded_drafts.add(r)
         return budget

@@ -132,18 +132,18 @@ def test_fast_forward_equals_step_by_step_without_chunked_prefill(spec, version,
 def test_a_jump_starts_with_the_resumption_of_a_preempted_head(monkeypatch, version):
     """Overloaded, prefix caching on: preempted requests head the queue, and a jump may start with schedule 0
     resuming one, its own freed blocks still free after the decodes' taken as its prefix hit (admits_resumed)."""
-    from policies.vllm_v1 import VLLMV1Scheduler
+    from lab.engine.jump import decisions
 
     resumed: list[int] = []
-    rule = VLLMV1Scheduler.admits_resumed
+    rule = decisions.admits_resumed
 
-    def counted(self, engine, request, num_hit_tokens, *args):
-        ok = rule(self, engine, request, num_hit_tokens, *args)
+    def counted(inst, request, num_hit_tokens, *args):
+        ok = rule(inst, request, num_hit_tokens, *args)
         if ok and num_hit_tokens:
             resumed.append(num_hit_tokens)
         return ok
 
-    monkeypatch.setattr(VLLMV1Scheduler, "admits_resumed", counted)
+    monkeypatch.setattr(decisions, "admits_resumed", counted)
     spec = [(0.001, 150 + 7 * i % 90, 60 + 13 * i % 70, None) for i in range(40)]
     res = assert_same(spec, version=version, blocks=60, seqs=16)
     assert resumed and sum(i.num_preemptions for i in res.instances) > 0
@@ -405,54 +405,48 @@ def test_fast_forward_goes_on_through_completions_that_leave_the_head_blocked_by
     # before the one that frees enough leaves it blocked (SchedulerBase.head_stays_blocked), and the jump goes
     # on through it instead of ending there.
     from lab.core.sched_api import SchedulerBase
-    from policies.sarathi import SarathiScheduler
-    from policies.vllm_v1 import VLLMV1Scheduler
+    from lab.engine.jump import decisions
 
     verdicts = []
-    original = {"vllm_v1": VLLMV1Scheduler.head_stays_blocked, "sarathi": SarathiScheduler.head_stays_blocked}
+    original = decisions.head_stays_blocked
 
-    def counting(name):
-        def wrapper(self, *args):
-            verdict = original[name](self, *args)
-            verdicts.append(verdict)
-            return verdict
-        return wrapper
+    def counting(*args):
+        verdict = original(*args)
+        verdicts.append(verdict)
+        return verdict
 
-    monkeypatch.setattr(VLLMV1Scheduler, "head_stays_blocked", counting("vllm_v1"))
-    monkeypatch.setattr(SarathiScheduler, "head_stays_blocked", counting("sarathi"))
+    monkeypatch.setattr(decisions, "head_stays_blocked", counting)
     spec = [(0.001, 144, 10 + 20 * i, None) for i in range(5)] + [(0.001, 600, 30, None)]
     spec += [(0.001, 20 + i, 25, None) for i in range(8)]
     res = assert_same(spec, scheduler=scheduler, version=version, seqs=16, blocks=60, caching=caching, mbt=1024,
                       options={"chunk_size": 512} if scheduler == "sarathi" else {})
     assert verdicts.count(True) >= 2 and False in verdicts  # blocked through completions, then admitted
-    assert SchedulerBase.head_stays_blocked(None, None, None, 1, 1, 1) is False  # the default: cannot tell
+    assert SchedulerBase().admission(None, None, 0, 1, 1, 1) is None  # the default: cannot tell
     assert res.requests[5].finish_time is not None
 
 
-def test_a_subclass_with_its_own_admission_does_not_inherit_the_admission_rule():
-    # head_stays_blocked describes vLLM's (and Sarathi's) own admission code: a subclass that replaces it gets the
-    # default ("cannot tell"), so its jumps end at completions as before; one that only wraps schedule (sjf) keeps it.
+def test_the_jump_asks_the_schedulers_own_admission_decision():
+    # the jump's "does the head stay blocked" is the scheduler's admission(): a subclass inherits it with the
+    # schedule that calls it (sjf), and one that decides otherwise says so by overriding admission(), which the
+    # jump then asks too (here: "cannot tell", so its jumps end at completions)
+    from lab.engine.jump import decisions
     from policies.sarathi import SarathiScheduler
     from policies.sjf import SJFScheduler
     from policies.vllm_v1 import VLLMV1Scheduler
 
-    class OwnAdmission(VLLMV1Scheduler):
-        def schedule_waiting(self, engine, out, budget, threshold):
-            return super().schedule_waiting(engine, out, budget, threshold)
-
-    class OwnSarathi(SarathiScheduler):
-        def schedule(self, engine):
-            return super().schedule(engine)
+    class CannotTell(VLLMV1Scheduler):
+        def admission(self, *args):
+            return None
 
     exp = experiment(True)
     res = simulate(exp, build([(0.001, 144, 10, None), (0.001, 600, 30, None)]))
     inst = res.instances[0]
     head = Request(9, 0.0, 600, 30)
-    assert VLLMV1Scheduler().head_stays_blocked(inst, head, 1, 1, 0) is True  # 38 blocks needed, none free
-    assert SJFScheduler().head_stays_blocked(inst, head, 1, 1, 0) is True
-    assert OwnAdmission().head_stays_blocked(inst, head, 1, 1, 0) is False
-    assert SarathiScheduler().head_stays_blocked(inst, head, 1, 1, 0) is True
-    assert OwnSarathi().head_stays_blocked(inst, head, 1, 1, 0) is False
+    for scheduler, blocked in ((VLLMV1Scheduler(), True), (SJFScheduler(), True), (CannotTell(), False),
+                               (SarathiScheduler(), True)):
+        inst.scheduler = scheduler
+        assert decisions.head_stays_blocked(inst, head, 1, 1, 0) is blocked  # 38 blocks needed, none free
+        assert decisions.head_stays_blocked(inst, head, 1, 1, 60) is False  # (they fit)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -557,12 +551,12 @@ def test_jumps_admit_the_arrivals_of_a_burst_together(version):
 
 
 def test_the_vllm_v1_admission_rule_for_a_lone_arrival():
+    from lab.engine.jump.decisions import admits_whole as rule
     from lab.experiment.simulation import simulate as run_exp
     from policies.vllm_v1 import VLLMV1Scheduler
 
     exp = experiment(True, seqs=4, mbt=256, blocks=100, caching=False)
     inst = run_exp(exp, build([(0.01, 10, 2, None)])).instances[0]
-    rule = inst.scheduler.admits_whole
     r = Request(99, 1.0, 200, 10)
     assert rule(inst, r, 1, 1, 20)  # 13 blocks of 16 tokens, 255 tokens of budget left
     assert not rule(inst, r, 4, 4, 20)  # max_num_seqs reached
@@ -570,12 +564,8 @@ def test_the_vllm_v1_admission_rule_for_a_lone_arrival():
     assert not rule(inst, r, 1, 1, 12)  # 13 blocks needed
     assert not rule(inst, Request(98, 1.0, 200, 10, prompt_token_ids=[1] * 200), 1, 1, 20) or \
         not inst.kv.enable_prefix_caching
-
-    class OwnSchedule(VLLMV1Scheduler):
-        def schedule(self, engine):
-            return super().schedule(engine)
-
-    assert not OwnSchedule().admits_whole(inst, r, 1, 1, 20)
+    adm = VLLMV1Scheduler().admission(inst, r, 0, 1, 1, 2)  # the decision the jump and schedule() share
+    assert (adm.num_new_tokens, adm.num_lookahead_tokens, adm.num_reserved_tokens) == (200, 0, 0)
 
 
 def test_a_jump_through_arrivals_whose_cpu_work_shows_in_its_first_chunk():
@@ -648,29 +638,28 @@ def test_jumps_admit_the_heads_of_a_long_queue(version, seqs, blocks):
 
 
 def test_the_vllm_v1_and_sarathi_rules_for_a_head_whose_prompt_is_chunked():
+    from lab.engine.jump import decisions as d
     from lab.experiment.simulation import simulate as run_exp
 
     exp = experiment(True, seqs=4, mbt=256, blocks=100, caching=False)
     inst = run_exp(exp, build([(0.01, 10, 2, None)])).instances[0]
-    vllm = inst.scheduler
     r = Request(99, 1.0, 200, 10)
-    assert vllm.admits_chunk(inst, r, 3, 60, 20, 5) == (196, 196)  # the budget left, its 13 blocks only
-    assert vllm.admits_chunk(inst, r, 1, 1, 20, 5) is None  # the whole prompt fits: admits_whole's case
-    assert vllm.admits_chunk(inst, r, 3, 60, 12, 5) is None  # 13 blocks for the chunk, 12 free
-    assert vllm.admits_chunk(inst, r, 4, 60, 20, 5) is None  # max_num_seqs reached
-    assert vllm.running_chunk(inst, r, 150, 10) == 50  # the rest of the prompt fits the budget left
-    assert vllm.running_chunk(inst, r, 0, 100) == 156  # cut to the budget left
-    assert vllm.running_chunk(inst, r, 0, 256) is None  # no budget left: not scheduled
+    assert d.admits_chunk(inst, r, 3, 60, 20, 5) == (196, 196)  # the budget left, its 13 blocks only
+    assert d.admits_chunk(inst, r, 1, 1, 20, 5) is None  # the whole prompt fits: admits_whole's case
+    assert d.admits_chunk(inst, r, 3, 60, 12, 5) is None  # 13 blocks for the chunk, 12 free
+    assert d.admits_chunk(inst, r, 4, 60, 20, 5) is None  # max_num_seqs reached
+    assert d.running_chunk(inst, r, 150, 10) == 50  # the rest of the prompt fits the budget left
+    assert d.running_chunk(inst, r, 0, 100) == 156  # cut to the budget left
+    assert d.running_chunk(inst, r, 0, 256) is None  # no budget left: not scheduled
     sarathi_exp = experiment(True, seqs=4, blocks=100, caching=False, scheduler="sarathi",
                              options={"chunk_size": 64})
     inst = run_exp(sarathi_exp, build([(0.01, 10, 2, None)])).instances[0]
-    sarathi = inst.scheduler
-    assert sarathi.admits_chunk(inst, r, 1, 4, 30, 5) == (60, 200)  # the chunk; blocks for the whole prompt
-    assert sarathi.admits_chunk(inst, r, 1, 4, 13, 5) is None  # 13 blocks, 1 kept free (1 % watermark)
-    assert sarathi.admits_whole(inst, Request(98, 1.0, 40, 10), 1, 4, 30)
-    assert not sarathi.admits_whole(inst, r, 1, 4, 30)  # 200 tokens, 60 of budget: a chunk
-    assert sarathi.running_chunk(inst, r, 180, 10) == 20
-    assert sarathi.running_chunk(inst, r, 0, 64) is None
+    assert d.admits_chunk(inst, r, 1, 4, 30, 5) == (60, 200)  # the chunk; blocks for the whole prompt
+    assert d.admits_chunk(inst, r, 1, 4, 13, 5) is None  # 13 blocks, 1 kept free (1 % watermark)
+    assert d.admits_whole(inst, Request(98, 1.0, 40, 10), 1, 4, 30)
+    assert not d.admits_whole(inst, r, 1, 4, 30)  # 200 tokens, 60 of budget: a chunk
+    assert d.running_chunk(inst, r, 180, 10) == 20
+    assert d.running_chunk(inst, r, 0, 64) is None
 
 
 @pytest.mark.parametrize("queue_policy", ["fcfs", "priority"])

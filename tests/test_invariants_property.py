@@ -9,12 +9,13 @@ engine at every step, so a violation fails the run; and fast-forward gives the s
 
 import math
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from lab.core.request import RequestStatus
 from lab.experiment.config import parse_experiment
 from lab.experiment.simulation import simulate
+from lab.experiment.support import refusals
 from policies import scheduler_names
 
 ROUTERS = ["round_robin", "least_requests", "least_tokens", "power_of_two", "prefix_aware"]
@@ -100,7 +101,9 @@ def _outcome(res):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(experiments())
 def test_random_experiments_keep_the_invariants(data):
-    res = simulate(parse_experiment(data))
+    exp = parse_experiment(data)
+    assume(not refusals(exp))  # a combination the support matrix refuses (tests/test_composition_matrix.py)
+    res = simulate(exp)
     _check(res)
     assert all(r.status != RequestStatus.WAITING or r.reason for r in res.requests)
     ttft = [r.first_token_time - r.arrival_time for r in res.requests if r.status == RequestStatus.FINISHED]

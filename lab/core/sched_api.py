@@ -114,6 +114,31 @@ class SchedulerOutput:
         return sum(self.num_new_tokens)
 
 
+@dataclass(frozen=True)
+class Admission:
+    """A scheduler's decision to admit a waiting request in one schedule (:meth:`SchedulerBase.admission`).
+
+    Attributes:
+        num_new_tokens: tokens it computes in this step (0: it waits, and admission stops at it).
+        num_lookahead_tokens: KV slots for the drafter's lookahead (``allocate_slots``'s argument).
+        num_reserved_tokens: KV slots reserved beyond the step's tokens (Sarathi-Serve: the rest of the prompt).
+        reserved_blocks: free blocks its allocation must leave (a watermark).
+        full_sequence_must_fit: vLLM's ``scheduler_reserve_full_isl`` gate on the whole sequence.
+        num_padded_drafts: placeholder drafts padded onto a one-token admission (vLLM 0.33), computed with it.
+    """
+
+    num_new_tokens: int
+    num_lookahead_tokens: int = 0
+    num_reserved_tokens: int = 0
+    reserved_blocks: int = 0
+    full_sequence_must_fit: bool = False
+    num_padded_drafts: int = 0
+
+
+# The request waits: admission stops at it.
+WAITS = Admission(0)
+
+
 class SchedulerContractError(RuntimeError):
     """A scheduler returned a step that breaks the engine's rules (the message names the policy and the rule)."""
 
@@ -235,20 +260,11 @@ class Scheduler(Protocol):
 
     def schedule(self, engine: EngineView) -> SchedulerOutput: ...
 
-    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_scheduled_tokens: int,
-                           num_free_blocks: int) -> bool: ...
+    def admission(self, engine: EngineView, request: Request, num_hit_tokens: int | None, num_running: int,
+                  num_scheduled_tokens: int, num_requests: int) -> "Admission | None": ...
 
-    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
-                     num_free_blocks: int, num_waiting: int = 1) -> bool: ...
-
-    def admits_chunk(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
-                     num_free_blocks: int, num_waiting: int) -> tuple[int, int] | None: ...
-
-    def admits_resumed(self, engine: EngineView, request: Request, num_hit_tokens: int, num_running: int,
-                       num_scheduled_tokens: int, num_free_blocks: int, num_waiting: int) -> bool: ...
-
-    def running_chunk(self, engine: EngineView, request: Request, num_computed_tokens: int,
-                      num_scheduled_tokens: int) -> int | None: ...
+    def running_tokens(self, engine: EngineView, request: Request, num_computed_tokens: int,
+                       num_scheduled_tokens: int) -> int | None: ...
 
     def decode_preemption_reason(self, engine: EngineView, requester: Request) -> str | None: ...
 
@@ -280,12 +296,12 @@ class SchedulerBase:
     - :meth:`make_queue`: the waiting queue the policy wants (default: FCFS or priority by ``config.queue_policy``).
     - :meth:`max_step_tokens`: the most tokens one of its steps may hold (default ``max_num_batched_tokens``;
       None for a policy with a budget of its own, e.g. Orca's whole prompts).
-    - :meth:`head_stays_blocked`: its admission rule for a fast-forward jump through a completion (default: cannot
-      tell, so a jump with requests waiting ends at its first completion).
-    - :meth:`admits_whole`: its admission rule for a fast-forward jump through an arrival or the waiting queue's
-      head (default: cannot tell, so a jump ends at the next arrival, or at the completion that may admit).
-    - :meth:`admits_chunk`, :meth:`running_chunk`: its rules for a head admitted with a first chunk of its
-      prompt and the next chunks in the schedules after (default: cannot tell, so a jump ends before such a head).
+    - Its decisions, written once and called by its own :meth:`schedule` and by a fast-forward jump alike
+      (lab/engine/jump/decisions.py asks them about the schedules a jump plans): :meth:`admission` (is the next
+      waiting request admitted, with how many tokens and which KV arguments), :meth:`running_tokens` (how many
+      tokens a running request gets) and :meth:`decode_preemption_reason` (who is preempted when a decode finds no
+      KV block). The defaults say "cannot tell": a policy that does not provide them runs exactly, step by step,
+      wherever the answer is needed.
     """
 
     name = "scheduler"
@@ -307,52 +323,27 @@ class SchedulerBase:
     def schedule(self, engine: EngineView) -> SchedulerOutput:  # pragma: no cover - every policy overrides it
         raise NotImplementedError
 
-    def head_stays_blocked(self, engine: EngineView, head: Request, num_running: int, num_scheduled_tokens: int,
-                           num_free_blocks: int) -> bool:
-        """Whether a schedule made during a stretch of pure decodes would still not admit the waiting ``head``
-        (the request the last real schedule showed blocked, or the one behind requests this schedule admits):
-        ``num_running`` requests in the running list, ``num_scheduled_tokens`` tokens already scheduled in it (the
-        decodes of phase 1, one each, then the prompts admitted before ``head``), and ``num_free_blocks`` free KV
-        blocks after their allocations. A fast-forward jump goes on through a completion (which frees blocks and a
-        ``max_num_seqs`` slot) only when this says True (lab/engine/jump/); answer True only when sure,
-        False when the head would be admitted or the policy cannot tell. Default: False."""
-        return False
+    def admission(self, engine: EngineView, request: Request, num_hit_tokens: int | None, num_running: int,
+                  num_scheduled_tokens: int, num_requests: int) -> Admission | None:
+        """This policy's admission decision on ``request``, the next waiting request it would take, in a schedule
+        with ``num_running`` requests in the running list, ``num_scheduled_tokens`` tokens already scheduled (the
+        running phase's, then those of the requests admitted before it) and ``num_requests`` running + waiting
+        requests when the schedule began; ``num_hit_tokens``: its cached tokens (a prefix hit, or computed state
+        it holds), or None when the caller does not know them yet (a planned schedule, where a hit may still come).
 
-    def admits_whole(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
-                     num_free_blocks: int, num_waiting: int = 1) -> bool:
-        """Whether a schedule made during a stretch of pure decodes admits ``request``, the head of the waiting
-        queue (``num_waiting`` requests, it first: a new arrival alone, or the head of a long queue), with its whole
-        prompt (``request.num_tokens`` tokens) in this step: ``num_running`` requests in the running list,
-        ``num_scheduled_tokens`` tokens already scheduled in it (the decodes of phase 1, one each, then the prompts
-        admitted before it), and ``num_free_blocks`` free KV blocks after their allocations. A fast-forward jump
-        goes on through such an admission only when this says True (lab/engine/jump/); answer True only
-        when sure, False when the request would wait, be chunked, or the policy cannot tell. Default: False."""
-        return False
-
-    def admits_resumed(self, engine: EngineView, request: Request, num_hit_tokens: int, num_running: int,
-                       num_scheduled_tokens: int, num_free_blocks: int, num_waiting: int) -> bool:
-        """:meth:`admits_whole` for a request preempted before (recompute) whose prefix hit at this schedule is
-        known: ``num_hit_tokens`` tokens of its own freed blocks, still free after the schedule's decodes took
-        theirs (``KVCacheManager.own_hit_after``), so that it computes the rest of its sequence
-        (``request.num_tokens - num_hit_tokens`` tokens) in this step. A fast-forward jump may start with such an
-        admission only when this says True; answer True only when sure. Default: False."""
-        return False
-
-    def admits_chunk(self, engine: EngineView, request: Request, num_running: int, num_scheduled_tokens: int,
-                     num_free_blocks: int, num_waiting: int) -> tuple[int, int] | None:
-        """When a schedule made during a stretch of pure decodes admits ``request`` with a first chunk of its
-        prompt (the whole does not fit the budget left: chunked prefill), the arguments as for
-        :meth:`admits_whole`: (tokens it computes now, tokens whose KV blocks the admission allocates: the chunk,
-        or the whole prompt for a policy that reserves it); None when it would not, or the policy cannot tell. A
-        fast-forward jump then plans the prompt's next chunks with :meth:`running_chunk`. Default: None."""
+        Returns:
+            :data:`WAITS` when it is not admitted and admission stops at it (no ``max_num_seqs`` slot, no budget, a
+            prompt the budget cannot take); else the tokens it computes now and the arguments of its KV allocation
+            (``KVCacheManager.allocate_slots``), which then decides whether its blocks fit; None when the answer
+            depends on what ``num_hit_tokens`` would be, or the policy cannot tell (default).
+        """
         return None
 
-    def running_chunk(self, engine: EngineView, request: Request, num_computed_tokens: int,
-                      num_scheduled_tokens: int) -> int | None:
-        """The tokens a schedule's running phase gives ``request`` (running, part-way through its prompt:
-        ``num_computed_tokens`` of ``request.num_tokens`` computed, after every other running request), after
-        ``num_scheduled_tokens`` tokens of the requests scheduled before it; None when it would give none or the
-        policy cannot tell. Default: None."""
+    def running_tokens(self, engine: EngineView, request: Request, num_computed_tokens: int,
+                       num_scheduled_tokens: int) -> int | None:
+        """The tokens this policy's running phase gives ``request``, running with ``num_computed_tokens`` computed,
+        after ``num_scheduled_tokens`` tokens of the requests scheduled before it in the same schedule; 0 for none,
+        None when the policy cannot tell (default; the answer depends on more than these)."""
         return None
 
     def decode_preemption_reason(self, engine: EngineView, requester: Request) -> str | None:

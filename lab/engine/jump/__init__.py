@@ -18,7 +18,7 @@ A jump stops before the first schedule after its first whose new blocks would ex
 preemption; the blocks completions free count from the next schedule on), unless a walk through the queue plans
 that preemption (below), and at the horizon. When requests are
 waiting, a completion frees blocks and a ``max_num_seqs`` slot, so the next schedule may admit the waiting head:
-the scheduler's declared admission rule (``SchedulerBase.head_stays_blocked``, given the running count, the next
+the scheduler's declared admission rule (``decisions.head_stays_blocked``, given the running count, the next
 schedule's decodes and its free blocks after their allocations) says whether the jump goes on through it; otherwise
 (or for a policy that cannot tell) the jump ends right after that completion. An arrival during a jump materialises
 the steps completed by then and the step under way continues normally. ``simulation.fast_forward: false`` turns it
@@ -41,7 +41,7 @@ The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds these cas
   (``check_head``; ``Instance.steady`` says when it need not).
 - A completion that lets the head in does not end the jump when the scheduler's declared rules say what the
   schedule after it does (:func:`through_queue`): it admits heads with their whole prompts
-  (``SchedulerBase.admits_whole``) before one that stays blocked, or the last with a first chunk of its prompt
+  (``decisions.admits_whole``) before one that stays blocked, or the last with a first chunk of its prompt
   (``admits_chunk``) whose next chunks come in the running phase of the schedules after (``running_chunk``). Each
   such schedule is planned as the engine prices it, and the next one is checked the same way (the budget is whole
   again). The jump ends at the first schedule whose decision is not certain, which is then a real one.
@@ -72,7 +72,7 @@ The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds these cas
 With nothing waiting and the instance's arrivals known in advance (``Instance.known_arrivals``: an open-loop stream
 on one instance or behind round robin, no front end), a jump also goes on through arrivals (:func:`through_arrivals`):
 the first schedule made after an arrival admits it when the scheduler's declared rule
-(``SchedulerBase.admits_whole``) says it takes the request alone with its whole prompt; that step is priced as
+(``decisions.admits_whole``) says it takes the request alone with its whole prompt; that step is priced as
 ``Instance.price_step`` prices it, and the request then decodes with the others. The arrival still comes at its time
 and waits in the queue until the jump applies its admission (:func:`admit_planned`). The jump ends at the first
 arrival that is not certain (another arrival for the same schedule, a prompt the budget would chunk, a full batch

@@ -7,11 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from lab.core.kv_cache import KVCacheManager, unique_content
+from lab.core.kv_cache import unique_content
 from lab.core.request import Request
 from lab.engine.jump.base import Plan
 from lab.engine.jump.pricing import DecodeEnds
 from lab.engine.jump.admitting import ExtendedJump, decode_stretch, start_extension
+from lab.engine.jump import decisions
 
 
 # An arrival this close to a step boundary (seconds) is not planned: SimPy's clock may differ from the trace's
@@ -60,7 +61,7 @@ def through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, run
     The next request R arrives at its known time t; the first schedule made after t (j, at the end of the step
     under way) is the one that sees it, with every other request arriving before it (:func:`seen_together`: in
     a burst, several arrive during one step). The jump admits them there when the scheduler's declared rule
-    (``SchedulerBase.admits_whole``) says that schedule admits each, in queue order, with its whole prompt, given
+    (``decisions.admits_whole``) says that schedule admits each, in queue order, with its whole prompt, given
     the running count, the decodes it schedules first, the prompts admitted before it and the free blocks after
     their allocations (:func:`_admits_all`). Schedule j then computes the decodes and their prompts, priced by the
     cost model as the engine prices it (``Instance.price_step``: CUDA-graph padding, CPU work), and from j + 1 on
@@ -142,22 +143,17 @@ def seen_together(inst, known: KnownArrivals, m: int, at: float, eps: float) -> 
 def _admits_all(inst, group: list, num_running: int, num_decodes: int, num_free_blocks: int) -> bool:
     """Whether a schedule of ``num_decodes`` decodes (``num_free_blocks`` free blocks after their allocations;
     negative: it preempts) admits every request of ``group`` (arrivals, in service order) with its whole prompt,
-    by the scheduler's declared rule (``SchedulerBase.admits_whole``), each after those before it, as
+    by the scheduler's declared rule (``decisions.admits_whole``), each after those before it, as
     :func:`_heads_admitted` applies it to a queue's heads."""
-    scheduler = inst.scheduler
-    kv: KVCacheManager = inst.kv
-    cfg = inst.config
     num_scheduled_tokens = num_decodes
     left = len(group)
     for r in group:
-        if num_free_blocks < 0 or not scheduler.admits_whole(inst, r, num_running, num_scheduled_tokens,
+        if num_free_blocks < 0 or not decisions.admits_whole(inst, r, num_running, num_scheduled_tokens,
                                                              num_free_blocks, left):
             return False
         left -= 1
         if left:
-            prompt = r.num_tokens
-            need: Any = kv.blocks_to_admit(r, prompt, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
-            num_free_blocks -= need
+            num_free_blocks -= decisions.blocks_admitted(inst, r, 0, num_running, num_scheduled_tokens, left + 1)
             num_running += 1
-            num_scheduled_tokens += prompt
+            num_scheduled_tokens += r.num_tokens
     return True

@@ -15,6 +15,7 @@ from lab.engine.jump.pricing import FLOAT_PRICED, Stretch, priced_in_floats, pri
 from lab.engine.jump.blocks import admission_events, admission_rows, block_events, last_victims, plan_bound
 from lab.engine.jump.arrivals import arrivals_allowed, through_arrivals
 from lab.engine.jump.queue_walk import resumed_hit, through_queue, walks_queue
+from lab.engine.jump import decisions
 
 
 def steady_batch(inst) -> bool:
@@ -288,18 +289,17 @@ def _cut_at_schedule_zero(inst, running: list[Request], check_head: bool) -> boo
     if not check_head:
         return False
     head: Request = inst.waiting.peek()
-    scheduler = inst.scheduler
     n = len(running)
-    if scheduler.head_stays_blocked(inst, head, n, num_decodes, avail):
+    if decisions.head_stays_blocked(inst, head, n, num_decodes, avail):
         return False
     if not walks_queue(inst, running):
         return True
     left = len(inst.waiting)
-    if (scheduler.admits_whole(inst, head, n, num_decodes, avail, left)
-            or scheduler.admits_chunk(inst, head, n, num_decodes, avail, left) is not None):
+    if (decisions.admits_whole(inst, head, n, num_decodes, avail, left)
+            or decisions.admits_chunk(inst, head, n, num_decodes, avail, left) is not None):
         return False
     hit = resumed_hit(inst, head, crossing)
-    return hit is None or not scheduler.admits_resumed(inst, head, hit, n, num_decodes, avail, left)
+    return hit is None or not decisions.admits_resumed(inst, head, hit, n, num_decodes, avail, left)
 
 
 def _decode_victims(inst, running: list[Request]) -> list[tuple[int, Request, str]] | None:
@@ -325,7 +325,7 @@ def _decode_victims(inst, running: list[Request]) -> list[tuple[int, Request, st
         return None
     victims: list[tuple[int, Request, str]] = []
     for x, v in preempted:
-        reason = inst.scheduler.decode_preemption_reason(inst, running[x])
+        reason = decisions.decode_preemption_reason(inst, running[x])
         if reason is None:
             return None
         victims.append((x, running[v], reason))

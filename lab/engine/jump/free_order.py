@@ -5,10 +5,11 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any
 
-from lab.core.kv_cache import BlockPool, KVCacheManager, unique_content
+from lab.core.kv_cache import KVCacheManager, unique_content
 from lab.core.request import Request, RequestStatus
 from lab.engine.jump.base import QUEUE_HEADS, running_outputs
 from lab.engine.jump.admitting import ExtendedJump
+from lab.engine.jump import decisions
 
 
 def free_order(inst, a: ExtendedJump, victims: list, j: int, short: bool = False) -> FreeOrder | None:
@@ -68,7 +69,7 @@ def _preempts_in_walks(inst) -> bool:
     request)."""
     running = inst.running
     return (inst.kv_offload is None and bool(running)
-            and inst.scheduler.decode_preemption_reason(inst, running[0]) is not None)
+            and decisions.decode_preemption_reason(inst, running[0]) is not None)
 
 
 def _crossings(a: ExtendedJump, lo: int, hi: int, bs: int) -> int:

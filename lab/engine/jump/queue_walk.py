@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from lab.core.kv_cache import BlockPool, KVCacheManager, unique_content
+from lab.core.kv_cache import KVCacheManager, unique_content
 from lab.core.request import Request
 from lab.engine.jump.base import HEAP_MASK, HEAP_SHIFT, NEVER, QUEUE_HEADS, decode_cpu, heap_remove, remove_value
 from lab.engine.jump.blocks import last_victims
@@ -15,6 +15,7 @@ from lab.engine.jump.admitting import Admitting, ExtendedJump, start_extension
 from lab.engine.jump.arrivals import arrivals_allowed
 from lab.engine.jump.free_order import (FreeOrder, as_preempted, as_preempted_now, blocks_at_end, blocks_before,
     free_order, full_blocks_at_end, outputs_before, restore_states)
+from lab.engine.jump import decisions
 
 
 def resumed_hit(inst, head: Request, num_taken: int) -> int | None:
@@ -47,8 +48,8 @@ def through_queue(inst, running: list[Request], computed0: list[int], rem: list[
 
     At the schedule j after a completion, the scheduler's declared rules decide (:func:`_heads_admitted`), from the
     running count, the tokens it schedules first and the free blocks after their allocations: if the head stays
-    blocked (``SchedulerBase.head_stays_blocked``) the decodes go on to the next completion; if it takes heads with
-    their whole prompts (``SchedulerBase.admits_whole``) before one it leaves blocked, schedule j admits them as
+    blocked (``decisions.head_stays_blocked``) the decodes go on to the next completion; if it takes heads with
+    their whole prompts (``decisions.admits_whole``) before one it leaves blocked, schedule j admits them as
     :func:`through_arrivals` admits an arrival, and the schedule after it (with the whole budget again) is
     checked the same way. The extension ends at the first schedule whose decision is not certain (``admit_after``
     of the result: the jump ends with the step before it, and that schedule is a real one), before a schedule that
@@ -216,7 +217,7 @@ def walk_preemptions(inst, a: ExtendedJump, ad: Admitting, walk: "_QueueWalk", s
     victims: list[tuple[int, int, str, int, bool]] = []
     for x, y in preempted:
         v = alive[y]
-        reason = inst.scheduler.decode_preemption_reason(inst, a.req(alive[x]))
+        reason = decisions.decode_preemption_reason(inst, a.req(alive[x]))
         if reason is None or not d0[v] <= s < s0[v] + rem[v] or not unique_content(a.req(v)):
             return None
         victims.append((alive[x], v, reason, held[y], needs_block[y]))
@@ -373,7 +374,7 @@ class _QueueWalk:
             return None
         a = self.a
         done = self.pending_done
-        n = self.inst.scheduler.running_chunk(self.inst, a.reqs[i - a.n_run], done, self.num_decodes)
+        n = decisions.running_chunk(self.inst, a.reqs[i - a.n_run], done, self.num_decodes)
         if n is None or not 0 < n <= a.first_tokens[i] - done:
             return False
         return i, n, done
@@ -613,31 +614,25 @@ def _heads_admitted(inst, heads: list[Request], m: int, num_running: int, num_sc
     None when that is not certain: a head it cannot tell about, or the end of ``heads`` (the next request may
     arrive during the jump). A head preempted before (recompute) is admitted as any other: its whole prompt is
     then its prompt and outputs so far; with ``first_hit`` (tokens), ``heads[m]`` is one whose own freed blocks
-    give it that prefix hit (:func:`resumed_hit`), admitted by ``SchedulerBase.admits_resumed`` to compute the
+    give it that prefix hit (:func:`resumed_hit`), admitted by ``decisions.admits_resumed`` to compute the
     rest."""
-    scheduler = inst.scheduler
-    kv: KVCacheManager = inst.kv
-    cfg = inst.config
     taken = 0
     for x in range(m, len(heads)):  # (heads[m:], without the copy)
         head = heads[x]
-        if scheduler.head_stays_blocked(inst, head, num_running, num_scheduled_tokens, num_free_blocks):
+        if decisions.head_stays_blocked(inst, head, num_running, num_scheduled_tokens, num_free_blocks):
             return taken, None
         left = num_waiting - taken
         prompt = head.num_tokens
-        if not taken and first_hit is not None:
-            if not scheduler.admits_resumed(inst, head, first_hit, num_running, num_scheduled_tokens,
-                                            num_free_blocks, left):
+        resumed = not taken and first_hit is not None
+        hit: int = first_hit if resumed and first_hit is not None else 0
+        if resumed:
+            if not decisions.admits_resumed(inst, head, hit, num_running, num_scheduled_tokens, num_free_blocks, left):
                 return None
-            computed = prompt - first_hit
-        elif not scheduler.admits_whole(inst, head, num_running, num_scheduled_tokens, num_free_blocks, left):
-            chunk = scheduler.admits_chunk(inst, head, num_running, num_scheduled_tokens, num_free_blocks, left)
+        elif not decisions.admits_whole(inst, head, num_running, num_scheduled_tokens, num_free_blocks, left):
+            chunk = decisions.admits_chunk(inst, head, num_running, num_scheduled_tokens, num_free_blocks, left)
             return None if chunk is None else (taken + 1, chunk)  # (the chunk takes the budget left)
-        else:
-            computed = prompt
-        # (a hit block leaves the free queue as a new block would: the whole sequence's blocks)
-        need: Any = kv.blocks_to_admit(head, prompt, cfg.num_lookahead_tokens, cfg.scheduler_reserve_full_isl)
-        num_free_blocks -= need
+        computed = prompt - hit
+        num_free_blocks -= decisions.blocks_admitted(inst, head, hit, num_running, num_scheduled_tokens, left)
         num_running += 1
         num_scheduled_tokens += computed
         taken += 1
