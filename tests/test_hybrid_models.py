@@ -456,3 +456,23 @@ def test_servelab_kv_prints_vllms_lines():
                                    "--max-model-len", "8192", "--set", "engine.num_gpu_blocks=1000"])
     assert res.exit_code == 0, res.output
     assert "GPU KV cache size: 16,000 tokens" in res.output and "per request: 1.95x" in res.output  # 1000 / 512
+
+
+# ---- the experiments -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,runs", [("hybrid_long_context", 12), ("hybrid_prefix", 6)])
+def test_the_hybrid_experiments_parse_and_a_short_run_of_each_composes(name, runs):
+    from lab.report.compare import load_comparison
+
+    _, found = load_comparison(REPO / "experiments" / f"{name}.yaml")
+    assert len(found) == runs
+    assert (REPO / "experiments" / f"{name}.md").is_file()
+    run = found[0]
+    data = copy.deepcopy(run.data)
+    data["workload"]["max_requests"] = 4
+    if data["workload"].get("source") == "synthetic":
+        data["workload"]["prompt_tokens"] = {"kind": "constant", "value": 2048, "max": 2048}
+        data["workload"]["output_tokens"] = {"kind": "constant", "value": 16, "max": 16}
+    data["name"] = "short"
+    res = simulate(parse_experiment(data, base_dir=Path(run.base_dir)))
+    assert all(r.status.name == "FINISHED" for r in res.requests)
