@@ -158,7 +158,8 @@ def _capable(attr: str) -> list[str]:
     return [n for n in scheduler_names() if getattr(scheduler_class(n), attr, False)]
 
 
-MODELS = ("llama", "moe", "mtp")  # Llama-3.1-8B; Qwen3-30B-A3B (MoE); DeepSeek-V3 (MoE, MLA, one MTP module)
+MODELS = ("llama", "moe", "mtp", "hybrid")  # Llama-3.1-8B; Qwen3-30B-A3B (MoE); DeepSeek-V3 (MoE, MLA, one MTP
+# module); a hybrid: gpt-oss-20b (sliding window) or Granite-4.0-H-Small (Mamba-2), vLLM's hybrid KV cache manager
 _MODEL_LAYERS = {"llama": 32, "moe": 48, "mtp": 61}
 
 
@@ -237,7 +238,7 @@ def draw_composition(d: Drawer) -> Draw:
     (``supports_speculation``, ``supports_kv_offload``) are drawn for it only rarely, so most draws run and the
     refusals that remain exercise the project's up-front checks."""
     files: dict[str, str] = {}
-    model_kind = d.choice(["llama", "llama", "llama", "moe", "mtp"])
+    model_kind = d.choice(["llama", "llama", "llama", "moe", "mtp", "hybrid"])
     scheduler = d.choice(scheduler_names())
     spec_ok = scheduler in _capable("supports_speculation")
     offload_ok = scheduler in _capable("supports_kv_offload")
@@ -286,7 +287,7 @@ def draw_composition(d: Drawer) -> Draw:
     k = 0
     if d.chance(0.4 if spec_ok else 0.04):
         methods = {"llama": ["eagle", "ngram", "eagle3", "draft_model"], "moe": ["eagle3", "ngram", "eagle"],
-                   "mtp": ["mtp", "mtp", "ngram", "eagle"]}[model_kind]
+                   "mtp": ["mtp", "mtp", "ngram", "eagle"], "hybrid": ["eagle", "ngram", "eagle3"]}[model_kind]
         k = d.integers(1, 5)
         spec = {"method": d.choice(methods), "num_speculative_tokens": k}
         if spec["method"] == "draft_model":
@@ -343,6 +344,8 @@ def draw_composition(d: Drawer) -> Draw:
 
     # ---- policy ----
     preemption: dict = {"mode": d.choice(["recompute", "swap"])}
+    if model_kind == "hybrid":
+        preemption["mode"] = "recompute"  # swap is V0's, which has no hybrid KV cache manager: refused, not drawn
     if d.chance(0.5):
         preemption["victim"] = d.choice(["last", "lowest_priority", "most_kv", "least_progress"])
     if d.chance(0.3):
@@ -356,7 +359,8 @@ def draw_composition(d: Drawer) -> Draw:
     if opts:
         policy["options"] = opts
 
-    if d.chance((0.3 if preemption["mode"] == "recompute" else 0.03) if offload_ok else 0.03):
+    if d.chance((0.3 if preemption["mode"] == "recompute" else 0.03) if offload_ok else 0.03) and \
+            model_kind != "hybrid":  # a CPU tier per KV cache group is not modelled: refused, not drawn
         engine["kv_offloading_size"] = d.choice([0.003, 0.05, 1.0, 0.0005])
 
     # ---- model and hardware ----
@@ -384,6 +388,10 @@ def draw_composition(d: Drawer) -> Draw:
             ls = d.choice([None, True, False])
             if ls is not None:
                 hardware["data_parallel_lock_step"] = ls
+    elif model_kind == "hybrid":  # the roofline prices hybrids; PP, swap, the CPU tier are refused with them
+        model = {"name": d.choice(["gpt-oss-20b", "Granite-4.0-H-Small"])}
+        if d.chance(0.3):
+            hardware["tensor_parallel_size"] = 2
     else:
         model = {"name": "DeepSeek-V3", "dtype": "fp8"}
         hardware["gpu"] = "H200-SXM-141GB"
@@ -568,6 +576,9 @@ def composition_features(exp: dict) -> list[str]:
         out.append("sessions")
     if exp.get("policy", {}).get("preemption", {}).get("mode") == "swap":
         out.append("swap")
+    name = exp.get("model", {}).get("name", "")
+    if name in ("gpt-oss-20b", "Granite-4.0-H-Small"):
+        out.append(f"hybrid:{name}")
     out.append(exp.get("policy", {}).get("scheduler", "vllm_v1"))
     return out
 
