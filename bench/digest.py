@@ -44,8 +44,8 @@ def digest(experiment: str, data_dir: str | None = None, overrides: dict | None 
         itl.update(np.bincount(where, weights=weights, minlength=len(distinct)).tobytes())
     return {"requests": timelines.hexdigest()[:16], "steps": steps.hexdigest()[:16], "itl": itl.hexdigest()[:16],
             "busy_s": [inst.busy_time for inst in result.instances],
-            "jumps": sum(inst.num_jumps for inst in result.instances),
-            "steps_jumped": sum(inst.jumped_steps for inst in result.instances),
+            "jumps": sum(inst.jump.num_jumps for inst in result.instances),
+            "steps_jumped": sum(inst.jump.jumped_steps for inst in result.instances),
             "num_steps": sum(len(inst.steps) for inst in result.instances)}
 
 

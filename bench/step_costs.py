@@ -44,7 +44,7 @@ os.environ["SERVELAB_PURE_PYTHON"] = "1"
 from lab.cluster.cluster import RouterError  # noqa: E402
 from lab.core import kv_cache, step_log  # noqa: E402
 from lab.core.sched_api import SchedulerContractError  # noqa: E402
-from lab.engine import instance, jump  # noqa: E402
+from lab.engine import instance, jump, jump_context  # noqa: E402
 from lab.engine.jump import applying, arrivals, core, pricing  # noqa: E402
 from lab.experiment.config import ConfigError, deep_merge, load_experiment, parse_set_option  # noqa: E402
 from lab.experiment.simulation import build_requests, simulate  # noqa: E402
@@ -127,13 +127,14 @@ def patched(timers: Timers, kinds: collections.Counter, outcomes: collections.Co
     """Within the block, time the TIMED functions into ``timers``, count real schedules by kind into ``kinds`` and
     plans by outcome into ``outcomes``; the original functions are back after it."""
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in TIMED]
-    inst = instance.Instance
-    saved += [(inst, name, inst.__dict__[name]) for name in ("schedule_step", "_jump", "_plan_jump")]
+    inst, ctx = instance.Instance, jump_context.JumpContext
+    saved += [(inst, "schedule_step", inst.__dict__["schedule_step"])]
+    saved += [(ctx, name, ctx.__dict__[name]) for name in ("run", "plan")]
     try:
         for owner, name, label in TIMED:
             timers.wrap(owner, name, label)
         last_was_jump: dict[int, bool] = {}
-        schedule, jump, plan = inst.schedule_step, inst._jump, inst._plan_jump
+        schedule, run_jump, plan = inst.schedule_step, ctx.run, ctx.plan
 
         def classified(self):
             before = {id(r) for r in self.running}
@@ -145,15 +146,15 @@ def patched(timers: Timers, kinds: collections.Counter, outcomes: collections.Co
             return step
 
         def jumping(self, *args):
-            last_was_jump[id(self)] = True
-            return (yield from jump(self, *args))
+            last_was_jump[id(self.inst)] = True
+            return (yield from run_jump(self, *args))
 
         def planning(self):
             result = plan(self)
-            outcomes[_plan_outcome(self, result)] += 1
+            outcomes[_plan_outcome(self.inst, result)] += 1
             return result
 
-        inst.schedule_step, inst._jump, inst._plan_jump = classified, jumping, planning
+        inst.schedule_step, ctx.run, ctx.plan = classified, jumping, planning
         yield
     finally:
         for owner, name, fn in saved:
@@ -191,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{a.experiment}: {e}")
         wall = time.perf_counter() - t0
     steps = sum(len(i.steps) for i in res.instances)
-    jumped = sum(i.jumped_steps for i in res.instances)
-    planned = sum(i.num_planned_admissions for i in res.instances)
+    jumped = sum(i.jump.jumped_steps for i in res.instances)
+    planned = sum(i.jump.num_planned_admissions for i in res.instances)
     print(f"{a.experiment}: {len(reqs):,} request{'s' if len(reqs) != 1 else ''}, {steps:,} steps, {jumped:,} "
           f"fast-forwarded ({jumped / max(steps, 1):.0%}), {planned:,} admissions inside jumps, "
           f"{wall:.2f} s of simulation with the timers\n")

@@ -53,7 +53,7 @@ def digest(overrides: dict) -> dict:
             steps.update(np.ascontiguousarray(frame.to_numpy(dtype=float)).tobytes())
     return {"requests": timeline.hexdigest(), "steps": steps.hexdigest(),
             "num_steps": sum(len(i.steps) for i in result.instances),
-            "jumped_steps": sum(i.jumped_steps for i in result.instances),
+            "jumped_steps": sum(i.jump.jumped_steps for i in result.instances),
             "preemptions": sum(i.num_preemptions for i in result.instances)}
 
 

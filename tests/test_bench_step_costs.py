@@ -7,6 +7,7 @@ import pytest
 
 from lab.core.kv_cache import BlockPool
 from lab.engine import jump
+from lab.engine.jump_context import JumpContext
 from lab.engine.instance import Instance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,12 +31,12 @@ def _table(text: str, header: str) -> list[list[str]]:
 
 
 def test_real_schedules_and_jumped_steps_add_up_to_every_step(capsys):
-    originals = (Instance.schedule_step, Instance._jump, jump.plan, BlockPool.free_unique)
+    originals = (Instance.schedule_step, JumpContext.run, jump.plan, BlockPool.free_unique)
     step_costs = _load()
     assert step_costs.main([str(ROOT / "bench" / "million_16x.yaml"), "--set", "workload.num_requests=400",
                             "--set", "cluster.num_instances=2"]) == 0
     out = capsys.readouterr().out
-    assert (Instance.schedule_step, Instance._jump, jump.plan, BlockPool.free_unique) == originals
+    assert (Instance.schedule_step, JumpContext.run, jump.plan, BlockPool.free_unique) == originals
     head = out.splitlines()[0]  # "...: 400 requests, N steps, J fast-forwarded (P%), ..."
     steps, jumped = (int(x.split()[0].replace(",", "")) for x in head.split(" requests, ")[1].split(", ")[:2])
     kinds = _table(out, "| real schedule | before it | queue | count |")

@@ -252,7 +252,7 @@ def test_fast_forward_equals_step_by_step_with_two_entry_pools_behind_round_robi
 
 
 def _jump_counts(res) -> list[tuple[int, int, int]]:
-    return [(i.num_jumps, i.jumped_steps, len(i.steps)) for i in res.instances]
+    return [(i.jump.num_jumps, i.jump.jumped_steps, len(i.steps)) for i in res.instances]
 
 
 @pytest.mark.parametrize("version", ["0.33", "0.11"])
@@ -324,7 +324,7 @@ def test_fast_forward_equals_step_by_step_with_sarathi(spec, blocks, seqs, chunk
 def test_fast_forward_jumps_under_sarathi():
     spec = [(0.0, 300, 400, None), (0.001, 200, 300, None), (0.002, 100, 350, None)]
     res = assert_same(spec, scheduler="sarathi", options={"chunk_size": 64})
-    assert sum(i.jumped_steps for i in res.instances) > 300
+    assert sum(i.jump.jumped_steps for i in res.instances) > 300
 
 
 def test_fast_forward_ends_before_a_starved_request_becomes_the_head():
@@ -334,14 +334,14 @@ def test_fast_forward_ends_before_a_starved_request_becomes_the_head():
     res = assert_same(spec, scheduler="sjf", options={"starvation_s": 0.3}, blocks=80, seqs=16, mbt=2048)
     r2 = next(r for r in res.requests if r.request_id == "2")
     assert 0.31 < r2.first_scheduled_time < 0.4
-    assert sum(i.jumped_steps for i in res.instances) > 100
+    assert sum(i.jump.jumped_steps for i in res.instances) > 100
 
 
 def test_fast_forward_actually_jumps_and_counts():
     spec = [(0.01, 50, 400, None), (0.02, 60, 300, None)]
     res = assert_same(spec)
-    assert sum(i.num_jumps for i in res.instances) > 0
-    assert sum(i.jumped_steps for i in res.instances) > 300
+    assert sum(i.jump.num_jumps for i in res.instances) > 0
+    assert sum(i.jump.jumped_steps for i in res.instances) > 300
 
 
 class NoVectorCost(CostModelBase):
@@ -392,8 +392,8 @@ def test_fast_forward_goes_on_through_arrivals_behind_a_blocked_head(scheduler, 
     spec = [(0.005, 40 + 7 * i, 60 + (13 * i) % 50, None) for i in range(40)]
     res = assert_same(spec, scheduler=scheduler, version=version, seqs=4, blocks=400)
     inst = res.instances[0]
-    assert inst.num_absorbed_arrivals > 10
-    assert inst.jumped_steps > 0.92 * len(inst.steps)  # 0.88-0.89 when every arrival ends a jump
+    assert inst.jump.num_absorbed_arrivals > 10
+    assert inst.jump.jumped_steps > 0.92 * len(inst.steps)  # 0.88-0.89 when every arrival ends a jump
 
 
 @pytest.mark.parametrize("scheduler,version", [("vllm_v1", "0.33"), ("vllm_v1", "0.11"), ("sarathi", "0.11")])
@@ -522,9 +522,9 @@ def test_jumps_admit_arrivals_known_in_advance(version):
     # fewer jumps than arrivals; a router that reads instance state gets no planned admissions (arrivals unknown)
     spec = [(0.03 + 0.011 * (i % 7), 30 + 41 * i % 200, 20 + 17 * i % 90, None) for i in range(60)]
     inst = assert_same(spec, version=version).instances[0]
-    assert inst.num_planned_admissions >= 55 and inst.num_jumps < 5
+    assert inst.jump.num_planned_admissions >= 55 and inst.jump.num_jumps < 5
     res = assert_same(spec, version=version, instances=2, router="test_least_running")
-    assert sum(i.num_planned_admissions for i in res.instances) == 0
+    assert sum(i.jump.num_planned_admissions for i in res.instances) == 0
 
 
 def _bursts(num_bursts: int) -> list:
@@ -543,7 +543,7 @@ def test_jumps_admit_the_arrivals_of_a_burst_together(version):
     # after the prompts before it), so the jump goes on through every burst (jump.arrivals.seen_together)
     spec = _bursts(20)
     inst = assert_same(spec, version=version, mbt=1024).instances[0]
-    assert inst.num_planned_admissions >= len(spec) - 3 and inst.num_jumps < 5
+    assert inst.jump.num_planned_admissions >= len(spec) - 3 and inst.jump.num_jumps < 5
     # a priority queue may serve a burst out of arrival order (here the last request of each burst first): the
     # jump ends before such a schedule, and the result stays exact (60 blocks: admitting a burst in arrival order
     # would change who is preempted)
@@ -599,7 +599,7 @@ def test_a_jump_with_planned_admissions_materialised_midway_equals_step_by_step(
             while env.now < 4.0:
                 yield env.timeout(0.0037)
                 for inst in insts:
-                    inst.materialize()
+                    inst.jump.materialize()
         env.process(poke())
         return run_env(env, horizon)
 
@@ -633,8 +633,8 @@ def test_jumps_admit_the_heads_of_a_long_queue(version, seqs, blocks):
     # then 94 % and 70 % of the steps were jumped, now 99.6 % and 77 %)
     spec = [(0.002, 20 + 13 * i % 90, 30 + 29 * i % 80, None) for i in range(80)]
     inst = assert_same(spec, version=version, seqs=seqs, blocks=blocks, caching=False).instances[0]
-    assert inst.num_planned_admissions >= 60
-    assert inst.jumped_steps > 0.74 * len(inst.steps)
+    assert inst.jump.num_planned_admissions >= 60
+    assert inst.jump.jumped_steps > 0.74 * len(inst.steps)
 
 
 def test_the_vllm_v1_and_sarathi_rules_for_a_head_whose_prompt_is_chunked():
@@ -682,8 +682,8 @@ def test_jumps_admit_the_heads_of_a_long_queue_under_sarathi(options):
     spec = [(0.002, 20 + 37 * i % 200, 30 + 29 * i % 80, None) for i in range(80)]
     inst = assert_same(spec, scheduler="sarathi", options=options, version="0.11", seqs=8, blocks=120,
                        caching=False).instances[0]
-    assert inst.num_planned_admissions >= 60
-    assert inst.jumped_steps > 0.95 * len(inst.steps)
+    assert inst.jump.num_planned_admissions >= 60
+    assert inst.jump.jumped_steps > 0.95 * len(inst.steps)
 
 
 @pytest.mark.parametrize("version", ["0.19", "0.11"])

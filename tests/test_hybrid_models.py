@@ -397,7 +397,7 @@ def test_hybrids_compose_with_exact_kv_accounting(model, hw, blocks, feature):
     res = _run(data)
     assert all(r.status.name in ("FINISHED", "REJECTED") for r in res.requests)
     assert any(r.status.name == "FINISHED" for r in res.requests)
-    assert all(not i._ff for i in res.instances)  # hybrids go step by step
+    assert all(not i.jump.enabled for i in res.instances)  # hybrids go step by step
     if feature == "chunked_preemption":
         assert sum(r.num_preemptions for r in res.requests) > 0
 

@@ -20,7 +20,7 @@ from typing import Callable
 import simpy
 
 from lab.core.batch import BatchShape, padded_size
-from lab.core.kv_cache import KVCacheManager, unique_content
+from lab.core.kv_cache import KVCacheManager
 from lab.core.kv_offload import KVOffloader
 from lab.core.outputs import DraftAcceptance, StepOutputs, release_request
 from lab.core.request import Request, RequestStatus
@@ -30,12 +30,12 @@ from lab.core.step import ScheduledStep
 from lab.core.step_log import StepLog
 from lab.costmodel.base import CostModel
 from lab.engine import jump as ff
+from lab.engine.guards import ProgressGuards
+from lab.engine.jump_context import JumpContext
 from lab.engine.swap import SwapSpace
 from lab.engine.window import InFlightWindow, delay_until, max_concurrent_batches
 
 _RUNNING = RequestStatus.RUNNING
-# schedules in a row that may only preempt (making room) before the engine calls it a stall
-MAX_STALLED_SCHEDULES = 1000
 
 
 @dataclass(frozen=True)
@@ -76,20 +76,6 @@ class EngineOptions:
     @property
     def pipeline_parallel_size(self) -> int:
         return max(1, len(self.stage_layers))
-
-
-def no_output_limit(config: SchedulerConfig) -> int:
-    """Engine steps in a row without an emitted token after which an instance reports a livelock.
-
-    A step emits no token only while every request it computes is in a non-final prefill chunk (or the tokens it
-    sampled are dropped by a preemption). Without livelock that lasts at most as long as prefilling
-    ``max_num_seqs`` prompts of ``max_model_len`` tokens in chunks of the budget (or of
-    ``long_prefill_token_threshold`` when smaller): the limit is twice that, and at least 10,000 steps."""
-    chunk = config.max_num_batched_tokens
-    if 0 < config.long_prefill_token_threshold < chunk:
-        chunk = config.long_prefill_token_threshold
-    steps_per_prompt = -(-config.max_model_len // max(1, chunk))
-    return max(10_000, 2 * config.max_num_seqs * steps_per_prompt)
 
 
 class Instance:
@@ -162,14 +148,7 @@ class Instance:
         self._loaded: list[Request] = []
         self._loads_in_flight = 0  # reads under way: their blocks are held, so the cache is not empty
         self.num_remote_loads = 0
-        # progress guards: the last schedule only preempted; schedules in a row that did; steps since a finish
-        self._preempted_only = False
-        self._stalled_schedules = 0
-        self._steps_since_finish = 0
-        self._no_finish_limit = max(1_000_000, 4 * config.max_model_len)
-        self._steps_since_output = 0
-        self._no_output_limit = no_output_limit(config)
-        self._preemptions_by_request: dict[Request, int] = {}  # preemptions since the request last emitted
+        self.guards = ProgressGuards(config, self._contract_error, self._state)
         # prefill side: blocks of finished requests pinned until their decode instance has read them
         self.num_pinned_blocks = 0
         self.peak_pinned_blocks = 0
@@ -178,36 +157,11 @@ class Instance:
         self.clock = 0.0
         # async scheduling: when the CPU finishes the work of the last step scheduled (seconds; price_step)
         self.cpu_free = 0.0
-        # fast-forward state (lab/engine/jump/)
-        self.stop_time = float("inf")
-        # the last schedule (real or planned) showed the waiting head blocked and nothing changed since: a jump need
-        # not check its first schedule; otherwise jump.plan checks it with the scheduler's admission rule
-        self.steady = False
-        self._admitted = 0
-        self._plan: ff.Plan | None = None
-        self._cont = None
-        self.jumping: set | None = None
-        # a completion may cause an arrival at its very time (closed-loop clients): jumps end at the first one
-        self.finish_triggers_arrival = False
-        # the instance's pool hands requests on to another pool (lab/cluster/cluster.py): each hand-off must happen
-        # at its own instant, so a fast-forward jump ends right after the first one
-        self.hands_off = False
-        # Expected time of this instance's next arrival (sizes fast-forward plans; correctness never depends on it)
-        self.arrival_hint: Callable[[], float] = lambda: float("inf")
-        # The requests an open-loop stream will deliver here, in order (set by the simulation when they and their
-        # times are known in advance): a jump may then plan their admissions (lab/engine/jump/)
-        self.known_arrivals: ff.KnownArrivals | None = None
-        self._last_arrival = 0.0
-        self._gap_ema = 0.0
-        self.num_jumps = 0
-        self.jumped_steps = 0
-        self.num_absorbed_arrivals = 0  # arrivals queued behind a blocked head during a jump, which went on
-        self.num_planned_admissions = 0  # arrivals a jump admitted (known in advance; lab/engine/jump/)
-        # every request that reached this instance has content unique to it (no token ids, no hash ids: none of
-        # its blocks can be hit), so a jump need not check them one by one (lab/engine/jump/)
-        self.all_content_unique = True
-        self._ff = (opt.fast_forward and not opt.record_breakdown and scheduler.supports_fast_forward
-                    and pp == 1 and start and acceptance is None)  # drafts are drawn step by step
+        self._admitted = 0  # requests the schedule under way admitted (its CPU work)
+        # fast-forward (lab/engine/jump/): drafts are drawn step by step, and PP, a lock-step group's loop and a
+        # recorded cost breakdown run step by step too
+        self.jump = JumpContext(self, opt.fast_forward and not opt.record_breakdown and scheduler.supports_fast_forward
+                                and pp == 1 and start and acceptance is None)
         self.process = env.process(self._loop()) if start else None
 
     # ---- the EngineView a scheduler sees ----
@@ -264,8 +218,7 @@ class Instance:
         request.num_spec_tokens = 0  # and so are its drafts
         request.num_preemptions += 1
         self.num_preemptions += 1
-        counts = self._preemptions_by_request
-        counts[request] = counts.get(request, 0) + 1
+        self.guards.preempted(request)
         where = self.config.preemption_requeue
         if (requeue if where == "auto" else where) == "tail":
             self.waiting.add(request)
@@ -286,7 +239,7 @@ class Instance:
         """Give this instance a CPU tier of the KV cache (KV offloading, lab/core/kv_offload.py). Fast-forward is
         turned off: every step may store blocks, which a jump over decode steps would skip."""
         self.kv_offload = offload
-        self._ff = False
+        self.jump.disable()
 
     def start_cpu_load(self, request: Request, num_gpu_hit: int, num_cpu_tokens: int) -> None:
         """Start copying ``num_cpu_tokens`` tokens back from the CPU tier (EngineView ``start_cpu_load``); the
@@ -341,44 +294,37 @@ class Instance:
     # ---- arrivals and hand-offs ----
     def add_request(self, request: Request) -> None:
         """Accept an arriving request, or reject it with a reason if it can never be served."""
-        known = self.known_arrivals
-        if known is not None and known.peek() is not request:
-            known = self.known_arrivals = None  # not the stream it was given: no more planned admissions
-        if known is not None:
-            known.next += 1
-            p = self._plan
-            if p is not None and ff.planned_arrival(p, request):
-                self._note_arrival(request)  # the jump under way admits it (lab/engine/jump/)
-                # no schedule has seen it yet: if the jump is materialised before its admission, the next plan
-                # must not take it for a head shown blocked (as _before_arrival says of any arrival)
-                self.steady = False
-                request.status = RequestStatus.WAITING
-                self.waiting.add(request)
-                return
-        head = self._blocked_head()
-        deferred = head is None and self._before_arrival()
-        if self.finish_triggers_arrival and not self.window.steps and request.arrival_time > self.clock:
+        jump = self.jump
+        if jump.planned_admission(request):
+            self._note_arrival(request)  # the jump under way admits it (lab/engine/jump/)
+            # no schedule has seen it yet: if the jump is materialised before its admission, the next plan must not
+            # take it for a head shown blocked (as before_arrival says of any arrival)
+            jump.steady = False
+            request.status = RequestStatus.WAITING
+            self.waiting.add(request)
+            return
+        head = jump.blocked_head()
+        deferred = head is None and jump.before_arrival()
+        if jump.finish_triggers_arrival and not self.window.steps and request.arrival_time > self.clock:
             # closed loop: an idle instance starts at the send's exact time, not SimPy's clock (one ulp off)
             self.clock = request.arrival_time
         self._note_arrival(request)
         reason = self.rejection_reason(request)
         if reason:
             if deferred:  # a rejected request never waits: the jump's last row does not count it
-                self._plan.deferred_arrivals -= 1
+                jump.uncount_deferred()
             self._reject(request, reason)
             return
         request.status = RequestStatus.WAITING
         self.waiting.add(request)
         if head is not None:
-            self._queued_behind(head)
+            jump.queued_behind(head)
         self.wake()
 
     def _note_arrival(self, request: Request) -> None:
-        """An arrival's bookkeeping: the gap estimate, the request's instance and its first event."""
+        """An arrival's bookkeeping: the jump's gap estimate, the request's instance and its first event."""
         now = self.now
-        gap = now - self._last_arrival
-        self._gap_ema = gap if not self._gap_ema else 0.8 * self._gap_ema + 0.2 * gap
-        self._last_arrival = now
+        self.jump.note_arrival(request, now)
         self._take_over(request)
         if self.record_events:
             request.events = [(now, "arrived")]
@@ -388,8 +334,7 @@ class Instance:
         request.instance_id = self.instance_id
         request.pool = self.pool
         request.served_by.append(self.instance_id)
-        if self.all_content_unique and not unique_content(request):
-            self.all_content_unique = False
+        self.jump.taken_over(request)
 
     def receive(self, request: Request, at: float | None = None) -> None:
         """Take over a request handed on from another instance with its computed state: it keeps its tokens,
@@ -403,7 +348,7 @@ class Instance:
         if request.blocks:
             raise RuntimeError(f"request {request.request_id} reached instance {self.instance_id} holding "
                                f"{len(request.blocks)} KV block(s) of instance {request.instance_id}")
-        deferred = self._before_arrival()
+        deferred = self.jump.before_arrival()
         now = self.now
         if at is not None and at > now:  # SimPy's clock may be one ulp behind the exact hand-off instant
             now = at
@@ -414,14 +359,14 @@ class Instance:
         reason = self.rejection_reason(request)
         if reason:
             if deferred:
-                self._plan.deferred_arrivals -= 1
+                self.jump.uncount_deferred()
             self._reject(request, reason, now)
             return
         request.status = RequestStatus.WAITING
         remote = request.remote
         if remote is not None:  # disaggregated: wait for blocks, then read the KV (vLLM WAITING_FOR_REMOTE_KVS)
             if deferred:  # it waits for its KV read, not in the waiting queue the jump's last step counts
-                self._plan.deferred_arrivals -= 1
+                self.jump.uncount_deferred()
             remote.times["d_arrived"] = now
             remote.d_instance = self.instance_id
             if request.events is not None:
@@ -476,7 +421,7 @@ class Instance:
         recomputed and D samples its own first token (vLLM ``_update_waiting_for_remote_kv``); their full blocks
         are registered for prefix caching now that the KV is there. A request loaded from the CPU tier gets C = the
         tokens it holds now (GPU hit + CPU hit), ``num_tokens - 1`` when that is all of them."""
-        self._before_arrival()
+        self.jump.before_arrival()
         bs = self.kv.block_size
         for r in reversed(requests):
             remote = r.remote
@@ -494,55 +439,11 @@ class Instance:
                 self.waiting.prepend(r)
         self.wake()
 
-    def disable_fast_forward(self) -> None:
-        """Run this instance step by step (no jumps), whatever its options say."""
-        self._ff = False
-
     def wake(self) -> None:
         """Wake the engine loop if it is idle."""
         ev = self.wakeup_event
         if ev is not None and not ev.triggered:
             ev.succeed()
-
-    def _before_arrival(self) -> bool:
-        """Bring a jump under way up to date for an arrival; True when the arrival falls in the jump's last step
-        and is counted there instead."""
-        p = self._plan
-        self.steady = False
-        if p is not None:
-            if self.env.now > (p.start if p.num_schedules == 1 else p.ends_list[p.num_schedules - 2]):
-                # It arrives during the jump's last step, whose schedule is already made: nothing before the jump
-                # ends can see it, so the jump runs to its end (the step records count it as waiting).
-                p.deferred_arrivals += 1
-                return True
-            self.materialize()
-        return False
-
-    def _blocked_head(self) -> Request | None:
-        """The waiting head the last schedule showed blocked (fast-forward steady state with requests waiting), or
-        None. An arrival queued behind it changes no schedule of the jump under way (one that only decodes until a
-        completion, or one through the heads' admissions of an FCFS queue, which it joins behind all of them), so
-        it need not end the jump nor make the next step a real one (:meth:`_queued_behind`)."""
-        if self._ff and self.steady and self.waiting:
-            p = self._plan
-            if p is not None and p.admissions and not p.from_queue:
-                return None  # the queue holds arrivals the jump admits, not a blocked head
-            return self.waiting.peek()
-        return None
-
-    def _queued_behind(self, head: Request) -> None:
-        """An arrival joined the queue while ``head`` was blocked: if the head is still the same (and the queue's
-        order stays put until the jump under way ends), count it in the jump (lab/engine/jump/
-        ``absorb_arrival``) and stay steady; otherwise bring the jump up to date as for any arrival."""
-        waiting = self.waiting
-        if waiting.peek() is head:
-            p = self._plan
-            if p is None:
-                return
-            if ff.absorb_arrival(p, self.env.now, waiting.order_stable_until()):
-                self.num_absorbed_arrivals += 1
-                return
-        self._before_arrival()
 
     def rejection_reason(self, request: Request) -> str:
         """Why this request can never be served here ('' if it can)."""
@@ -592,17 +493,14 @@ class Instance:
 
     def resolve_stall(self) -> None:
         """Nothing was scheduled, nothing is in flight, and requests are here. If the schedule only preempted, it
-        made room and may schedule next time (up to :data:`MAX_STALLED_SCHEDULES` in a row); with requests running
+        made room and may schedule next time (up to ``guards.MAX_STALLED_SCHEDULES`` in a row); with requests running
         it is a scheduler bug; else the waiting head cannot be admitted even into an empty cache and is rejected.
 
         Raises:
             SchedulerContractError: the stall limit, or nothing scheduled while requests run.
         """
-        if self._preempted_only:
-            self._stalled_schedules += 1
-            if self._stalled_schedules > MAX_STALLED_SCHEDULES:
-                self._contract_error(f"no progress: {MAX_STALLED_SCHEDULES} schedules in a row preempted requests "
-                                     "and scheduled nothing")
+        if self.guards.preempted_only:
+            self.guards.stalled()
             return
         if self.kv_holding and not self.running:
             self._drop_held_kv(self.kv_holding.pop())
@@ -701,9 +599,9 @@ class Instance:
             self._contract_error(f"schedule() raised {type(e).__name__}: {e} (at t = {self.now:.6f} s)")
         self.num_scheduler_steps += 1
         reqs = out.requests
-        self._preempted_only = not reqs and bool(out.preempted)
+        self.guards.preempted_only = not reqs and bool(out.preempted)
         if not reqs:
-            self.steady = False
+            self.jump.steady = False
             if out.num_new_tokens:
                 self._contract_error(f"{len(out.num_new_tokens)} token counts for no request")
             return None
@@ -714,8 +612,9 @@ class Instance:
         news = out.num_new_tokens
         spec = [out.num_spec_tokens.get(r, 0) for r in reqs] if out.num_spec_tokens else None
         before, samples = self._advance(reqs, news, spec, now)
-        if self._ff:
-            self.steady = self._shows_steady(out, reqs, news, samples)
+        jump = self.jump
+        if jump.enabled:
+            jump.steady = jump.shows_steady(out, reqs, news, samples, self._admitted)
         shape = BatchShape.from_requests(news, before, spec)
         pool = self.kv.pool
         used = pool.num_gpu_blocks - 1 - len(pool.free_queue)
@@ -794,41 +693,16 @@ class Instance:
                 r.first_scheduled_time = now
         return before, samples
 
-    def _shows_steady(self, out, reqs: list[Request], news: list[int], samples: list[bool]) -> bool:
-        """Whether this schedule shows the waiting queue blocked for the decode steps that follow (a fast-forward
-        may start after it; lab/engine/jump/): it preempted nothing and ran every running request, and
-        either only decoded and admitted nothing, or ended with the waiting head blocked by KV or
-        ``max_num_seqs`` (``SchedulerOutput.waiting_blocked``) while every request samples (any prompt it
-        admitted or continued ends in this step, so the next schedule only decodes)."""
-        if out.preempted or len(reqs) != len(self.running) or reqs != self.running:
-            return False
-        if news.count(1) == len(news) and not self._admitted:
-            return True
-        return out.waiting_blocked and all(samples)
-
     def _bad_request(self, r: Request, n: int) -> None:
         if r.status is not _RUNNING:
             self._contract_error(f"request {r.request_id} scheduled while {r.status.name.lower()}")
         held = len(r.blocks) * self.kv.block_size - r.num_computed_tokens
         self._contract_error(f"request {r.request_id} scheduled with {n} tokens but KV blocks for only {held}")
 
-    def _no_progress(self) -> None:
-        """Stop a run that finishes nothing for ``_no_finish_limit`` steps (a livelock), with a diagnosis."""
-        self._contract_error(f"no progress: no request finished in {self._no_finish_limit:,} steps "
-                             f"(at {self.now:.3f} s: {len(self.running)} running, {len(self.waiting)} waiting, "
-                             f"{self.num_preemptions:,} preemptions so far); a preemption livelock?")
-
-    def _no_output(self) -> None:
-        """Stop a run that emits no token for ``_no_output_limit`` steps (:func:`no_output_limit`), naming the
-        request preempted most often since the last token: each preemption drops the work (and a token in flight)
-        of a request that never gets to emit, e.g. one whose next step never fits the cache."""
-        counts = self._preemptions_by_request
-        worst = max(counts, key=counts.__getitem__) if counts else None
-        most = (f"; request {worst.request_id} was preempted {counts[worst]:,} times since the last token"
-                if worst is not None else "")
-        self._contract_error(f"no progress: no token emitted in {self._no_output_limit:,} steps (at {self.now:.3f} s: "
-                             f"{len(self.running)} running, {len(self.waiting)} waiting, {self.num_preemptions:,} "
-                             f"preemptions so far{most}); a preemption livelock")
+    def _state(self) -> str:
+        """The instance's state for a diagnosis (time, running, waiting, preemptions so far)."""
+        return (f"at {self.now:.3f} s: {len(self.running)} running, {len(self.waiting)} waiting, "
+                f"{self.num_preemptions:,} preemptions so far")
 
     def _contract_error(self, rule: str) -> None:
         cls = type(self.scheduler)
@@ -839,10 +713,13 @@ class Instance:
 
     def step_cpu_time(self, shape: BatchShape) -> float:
         """CPU seconds of a step of ``shape`` just scheduled (:class:`EngineOptions`: base + per sequence + per
-        token + per request admitted by this schedule)."""
+        token + per request admitted by this schedule), plus the host work a cost model says the step adds to the
+        CPU under async scheduling (``host_time``: a speculative proposer's launches, lab/costmodel/spec_step.py)."""
         opt = self.options
-        return (opt.cpu_base_s + opt.cpu_per_seq_s * shape.num_seqs + opt.cpu_per_token_s * shape.num_tokens
-                + opt.cpu_per_new_request_s * self._admitted)
+        cpu = (opt.cpu_base_s + opt.cpu_per_seq_s * shape.num_seqs + opt.cpu_per_token_s * shape.num_tokens
+               + opt.cpu_per_new_request_s * self._admitted)
+        host = getattr(self.cost_model, "host_time", None)
+        return cpu + host(shape) if host is not None and self.async_scheduling else cpu
 
     def price_step(self, step: ScheduledStep) -> None:
         """Fill ``step.stage_times``: the cost model's time per pipeline stage, with the step's CPU time and its
@@ -902,27 +779,14 @@ class Instance:
         end = step.end
         self.clock = end
         sampled, finished = self.outputs.apply(step, end)
-        if finished:
-            self._steps_since_finish = 0
-        else:
-            self._steps_since_finish += 1
-            if self._steps_since_finish > self._no_finish_limit:
-                self._no_progress()
-        if sampled:
-            self._steps_since_output = 0
-            if self._preemptions_by_request:
-                self._preemptions_by_request.clear()
-        else:
-            self._steps_since_output += 1
-            if self._steps_since_output > self._no_output_limit:
-                self._no_output()
+        self.guards.step_applied(sampled, finished)
         if self.kv_offload is not None:
             self.kv_offload.step_ended(step, step.requests, end)
         if self._loaded:
             loaded, self._loaded = self._loaded, []
             self._admit_loaded(loaded)
         if finished:
-            self.steady = False
+            self.jump.steady = False
             self.running = [r for r in self.running if r.status is _RUNNING]
         times = step.stage_times
         if len(times) == 1:
@@ -945,87 +809,6 @@ class Instance:
         :meth:`finish_step` takes)."""
         release_request(request, now, self.kv, self.on_done, self.outputs.on_hand_off)
 
-    def expected_next_arrival(self) -> float:
-        """When the next request is expected here: now plus the mean recent gap between arrivals (the expected wait
-        of a Poisson stream, whatever has elapsed). Only sizes fast-forward plans; an arrival at any other time is
-        still handled exactly."""
-        if not self._gap_ema:
-            return float("inf")
-        return self.now + self._gap_ema
-
-    # ---- fast-forward ----
-    def materialize(self) -> None:
-        """If a jump is under way, apply every step it has completed by now and turn the step executing now into
-        an ordinary in-flight step, so the instance's state reads exactly as step-by-step simulation's."""
-        p = self._plan
-        if p is None:
-            return
-        self._plan = None
-        if self.jumping is not None:
-            self.jumping.discard(self)
-        n_sched, n_out, q = ff.progress_at(p, self.env.now)
-        ff.apply(self, p, n_sched, n_out)
-        if n_out >= p.num_schedules:  # the jump is complete at this very instant
-            self._cont = (None, None, ff.step_for(p, p.num_schedules - 1) if p.async_ else None)
-        elif p.async_:
-            step = p.first if q == 0 else ff.step_for(p, q - 1)
-            start = p.start if q == 0 else p.ends_list[q - 1]
-            self._cont = (step, start, ff.step_for(p, q))
-        else:
-            step = ff.step_for(p, q)
-            self._cont = (step, p.start if q == 0 else p.ends_list[q - 1], None)
-        self.process.interrupt()
-
-    def _plan_jump(self) -> tuple[ff.Plan, ScheduledStep | None] | None:
-        """A fast-forward plan from now (and the step in flight it absorbs under async), or None."""
-        window = self.window
-        first = window.oldest if window.steps else None
-        stop = self.stop_time
-        if self.waiting:
-            stop = min(stop, self.waiting.order_stable_until())  # a jump ends before the waiting order can change
-        check_head = not self.steady  # the scheduler's rule says whether schedule 0 leaves the waiting head blocked
-        p = ff.plan(self, stop, first, check_head)
-        if p is None:
-            return None
-        if check_head:
-            self.steady = True  # every schedule of the jump leaves the head blocked
-        return p, first
-
-    def _jump(self, p: ff.Plan, first: ScheduledStep | None):
-        """Run one fast-forward jump; yields SimPy events. Leaves the window as step-by-step simulation would."""
-        window = self.window
-        if first is not None:
-            window.pop_oldest()
-        self._plan = p
-        if self.jumping is not None:
-            self.jumping.add(self)
-        self.num_jumps += 1
-        env = self.env
-        try:
-            yield env.timeout(delay_until(env.now, p.ends_list[-1]))
-        except simpy.Interrupt:
-            step, start, nxt = self._cont
-            self._cont = None
-            self.jumped_steps += p.applied_out
-            if step is not None:
-                window.resume(step, start)
-                window.pop_oldest()
-                yield env.timeout(delay_until(env.now, step.end))
-                self.finish_step(step)
-            if nxt is not None:
-                window.resume(nxt, step.end if step is not None else p.ends_list[-1])
-            return
-        self._plan = None
-        if self.jumping is not None:
-            self.jumping.discard(self)
-        self.clock = p.ends_list[-1]
-        ff.apply(self, p, p.num_schedules, p.num_schedules)
-        if p.deferred_arrivals:
-            self.steps.add_waiting(p.deferred_arrivals)
-        self.jumped_steps += p.num_schedules
-        if p.async_:
-            window.resume(ff.step_for(p, p.num_schedules - 1), self.clock)
-
     # ---- the engine loop ----
     def _loop(self):
         env = self.env
@@ -1034,11 +817,11 @@ class Instance:
         depth = window.depth
         jump_depth = 1 if self.async_scheduling else 0  # steps in flight when a jump may start
         while True:
-            if (self._ff and len(in_flight) == jump_depth and not self.remote_pending and not self.kv_holding
-                    and ff.steady_batch(self)):
-                jump = self._plan_jump()
-                if jump is not None:
-                    yield from self._jump(*jump)
+            if (self.jump.enabled and len(in_flight) == jump_depth and not self.remote_pending
+                    and not self.kv_holding and ff.steady_batch(self)):
+                planned = self.jump.plan()
+                if planned is not None:
+                    yield from self.jump.run(*planned)
                     continue
             while len(in_flight) < depth:
                 step = self._launch()
@@ -1058,7 +841,7 @@ class Instance:
                     continue
                 self.resolve_stall()
                 continue
-            self._stalled_schedules = 0
+            self.guards.stalled_schedules = 0
             step = in_flight.popleft()
             yield env.timeout(delay_until(env.now, step.end))
             self.finish_step(step)

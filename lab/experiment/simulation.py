@@ -126,7 +126,7 @@ class _RouterView:
 
     def __getattr__(self, name: str):
         inst = self._inst
-        inst.materialize()
+        inst.jump.materialize()
         return getattr(inst, name)
 
 
@@ -521,10 +521,10 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         built.append(Pool(name, members, router, hand_off))
         if hand_off is not None:
             for inst in members:  # a hand-off enters another pool at its own instant: a jump ends right after it
-                inst.hands_off = True
+                inst.jump.ends_at_hand_offs()
     cluster = Cluster(env, built, _RouterView)
     for inst in instances:
-        inst.arrival_hint = inst.expected_next_arrival
+        inst.jump.expects_arrivals(inst.jump.expected_next_arrival)
 
     # one pool of one instance: arrivals go straight to it (no router, no hand-off)
     arrive = instances[0].add_request if len(built) == 1 and len(instances) == 1 else cluster.arrive
@@ -543,12 +543,11 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
         clients.append(ClosedLoopClients(env, reqs, concurrency, arrive, w.think_time_s, w.num_warmup, itl.clear))
     if clients:
         for inst in instances:
-            inst.finish_triggers_arrival = True
-            inst.arrival_hint = inst.expected_next_arrival
+            inst.jump.ends_at_completions()
             if len(instances) > 1:
                 # a completion on one instance sends a request to another at that instant: hypothesis found a jump
                 # on the receiving side that is not exact (swap + async), so these runs go step by step
-                inst.disable_fast_forward()
+                inst.jump.disable()
         env.process(clients[0].run())
     else:
         routed = route_open_loop(cluster, reqs, frontend)
@@ -616,13 +615,13 @@ def _open_loop_arrivals(env: simpy.Environment, reqs: list[Request], arrive: Cal
     With ``routed`` (:func:`route_open_loop`) the ``arrival_hint`` of every entry instance of a pool without a
     hand-off becomes, now, the exact time of its own next arrival, so its fast-forward jumps end where that request
     arrives and arrivals routed elsewhere never cut them; the other hints stay the instances' estimates
-    (``Instance.expected_next_arrival``). Either way results are the same: the hint only sizes jumps. (A pool
+    (``JumpContext.expected_next_arrival``). Either way results are the same: the hint only sizes jumps. (A pool
     with a hand-off keeps the estimate: a request that leaves in the middle of a jump is handed on when the jump
     is applied, so longer jumps there would change when it arrives in the next pool.)
 
     With ``direct`` (no front end between the stream and the engines, so each request reaches its instance at
     exactly its ``arrival_time``) those instances also get the requests they will receive
-    (``Instance.known_arrivals``): a jump may then plan their admissions (lab/engine/jump/)."""
+    (``Instance.jump.known_arrivals``): a jump may then plan their admissions (lab/engine/jump/)."""
     if routed is None:
         return _deliver_at_arrival_times(env, reqs, arrive, None, None, None)
     entry = cluster.entry_instances
@@ -633,9 +632,7 @@ def _open_loop_arrivals(env: simpy.Environment, reqs: list[Request], arrive: Cal
             per_instance[k].append(r)
     for k, inst in enumerate(entry):
         if cluster.pools[inst.pool].hand_off is None:
-            inst.arrival_hint = lambda k=k: nxt[k]
-            if direct:
-                inst.known_arrivals = KnownArrivals(per_instance[k])
+            inst.jump.expects_arrivals(lambda k=k: nxt[k], KnownArrivals(per_instance[k]) if direct else None)
     return _deliver_at_arrival_times(env, reqs, arrive, routed, nxt, following)
 
 
@@ -761,9 +758,9 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
         elif run.spill_folder is not None:  # each holds at most run.rows_per_log rows; older ones go to its file
             inst.steps = StepLog(i, dep.num_gpu_blocks - 1, None, run.rows_per_log, num_slots=inst.steps.num_slots,
                                  spill_folder=run.spill_folder)
-        inst.stop_time = run.horizon if run.horizon else float("inf")
+        inst.jump.stops_at(run.horizon if run.horizon else float("inf"))
         if hybrid:  # the fast-forward plans full-attention block needs only: hybrids go step by step
-            inst.disable_fast_forward()
+            inst.jump.disable()
         out.append(inst)
     return out
 

@@ -130,7 +130,8 @@ def worker(experiment: str, data_dir: str | None, overrides: str | None, progres
     t2 = time.perf_counter()
     print(json.dumps({
         "requests": len(reqs), "sim_wall_s": t2 - t1, "load_s": t1 - t0, "sim_end_s": res.sim_end,
-        "steps": sum(len(i.steps) for i in res.instances), "jumped_steps": sum(i.jumped_steps for i in res.instances),
+        "steps": sum(len(i.steps) for i in res.instances),
+        "jumped_steps": sum(i.jump.jumped_steps for i in res.instances),
         "finished": sum(1 for r in reqs if r.finish_time is not None),
         "model": res.deployment.model.name, "gpu": res.deployment.hardware.name,
     }))

@@ -279,8 +279,8 @@ def collect_columns(result: SimResult) -> tuple[dict, dict]:
             **speculative_stats(sum(d.num_drafts for d in drafters), sum(d.num_draft_tokens for d in drafters),
                                 sum(d.num_accepted_tokens for d in drafters), per_pos)}
     summary["simulation"] = {"sim_end_s": result.sim_end, "wall_time_s": result.wall_time_s,
-                             "seed": exp.seed, "fast_forward_jumps": sum(i.num_jumps for i in result.instances),
-                             "fast_forward_steps": sum(i.jumped_steps for i in result.instances),
+                             "seed": exp.seed, "fast_forward_jumps": sum(i.jump.num_jumps for i in result.instances),
+                             "fast_forward_steps": sum(i.jump.jumped_steps for i in result.instances),
                              "itl_resolution_s": 1e-7 if result.itl_samples.compacted else 0.0}
     return req, summary
 

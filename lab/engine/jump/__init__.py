@@ -38,7 +38,7 @@ The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds these cas
   With requests waiting, plans are therefore not cut at the expected next arrival.
 - A real step that did not show the head blocked (it completed requests, preempted, or admitted) does not force
   the next step to be real either: the next plan checks its first schedule with the same admission rule
-  (``check_head``; ``Instance.steady`` says when it need not).
+  (``check_head``; ``Instance.jump.steady`` says when it need not).
 - A completion that lets the head in does not end the jump when the scheduler's declared rules say what the
   schedule after it does (:func:`through_queue`): it admits heads with their whole prompts
   (``decisions.admits_whole``) before one that stays blocked, or the last with a first chunk of its prompt
@@ -69,7 +69,7 @@ The overloaded regime (a long queue, KV or ``max_num_seqs`` full) adds these cas
   queue at the jump's start, :func:`_track_runs`, or is its victim's, appended by schedule 0), so the hit is
   exact; the applied admission looks it up again and raises if it differs.
 
-With nothing waiting and the instance's arrivals known in advance (``Instance.known_arrivals``: an open-loop stream
+With nothing waiting and the instance's arrivals known in advance (``Instance.jump.known_arrivals``: an open-loop stream
 on one instance or behind round robin, no front end), a jump also goes on through arrivals (:func:`through_arrivals`):
 the first schedule made after an arrival admits it when the scheduler's declared rule
 (``decisions.admits_whole``) says it takes the request alone with its whole prompt; that step is priced as

@@ -232,11 +232,11 @@ def apply(inst, plan: Plan, n_sched: int, n_out: int) -> None:
     plan._ev_pos = ev_pos
     plan.applied_sched, plan.applied_out = a_s, a_o
     if plan.num_waiting and plan.admit_after is not None and a_s > plan.admit_after:
-        inst.steady = False  # the next schedule was not checked: a real one, or a plan that checks it first
+        inst.jump.steady = False  # the next schedule was not checked: a real one, or a plan that checks it first
     elif plan.from_queue and a_s in plan.busy:
         # every other schedule of the jump is a checked pure decode that leaves the head blocked; this one admits
         # or computes a prompt chunk (a real one if the jump is materialised before it)
-        inst.steady = False
+        inst.jump.steady = False
     running = RequestStatus.RUNNING
     if not plan.mid_victims:
         _sync_counters(plan, [i for i, r in enumerate(reqs) if r.status == running], n_sched, n_out)
@@ -290,7 +290,7 @@ def admit_planned(inst, plan: Plan, i: int, j: int, n_out: int) -> None:
                              num_reserved_tokens=plan.alloc0[i] - chunk):
         raise RuntimeError(f"fast-forward: planned admission of request {r.request_id} found no KV blocks")
     inst.admit(r, num_hit, at)
-    inst.num_planned_admissions += 1
+    inst.jump.num_planned_admissions += 1
     if r.first_scheduled_time is None:
         r.first_scheduled_time = at
     if len(plan.chunks[i]) == 1:
@@ -560,7 +560,7 @@ def _finishes(inst, plan: Plan, q: int, n_sched: int) -> None:
             kept.append(r)
     inst.running = kept
     if plan.num_waiting and q == plan.admit_after:
-        inst.steady = False  # the schedule after this completion may admit: it is a real one
+        inst.jump.steady = False  # the schedule after this completion may admit: it is a real one
 
 
 def absorb_arrival(plan: Plan, t: float, stable_until: float) -> bool:

@@ -1,4 +1,4 @@
-"""Extension: a jump goes on through arrivals known in advance (``Instance.known_arrivals``) when the scheduler's admission rule says each is admitted whole (:func:`through_arrivals`)."""
+"""Extension: a jump goes on through arrivals known in advance (``Instance.jump.known_arrivals``) when the scheduler's admission rule says each is admitted whole (:func:`through_arrivals`)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def arrivals_allowed(inst, running: list[Request], caching: bool) -> bool:
     exact block counts)."""
     if len(inst.options.stage_layers) > 1 or inst.kv_offload is not None or inst.swap.pending_s:
         return False
-    return not caching or inst.all_content_unique or all(map(unique_content, running))
+    return not caching or inst.jump.all_content_unique or all(map(unique_content, running))
 
 
 def through_arrivals(inst, known: KnownArrivals, start: float, async_: bool, running: list[Request], computed0: list[int],

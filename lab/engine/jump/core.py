@@ -20,7 +20,7 @@ from lab.engine.jump import decisions
 
 def steady_batch(inst) -> bool:
     """Whether the instance's state allows a jump now (see the module docstring; with requests waiting, plan checks
-    the head at the first schedule unless ``Instance.steady``)."""
+    the head at the first schedule unless ``Instance.jump.steady``)."""
     running: list[Request] = inst.running
     if not running:
         return False
@@ -104,7 +104,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     # (the next schedule may admit one).
     k = max_of(rem)
     # a closed-loop client sends its next request at a completion; a hand-off enters another pool at it
-    if inst.finish_triggers_arrival or inst.hands_off:
+    if inst.jump.finish_triggers_arrival or inst.jump.hands_off:
         k = min(k, min(fin) + 1)
     k = k_uncut = min(k, MAX_JUMP_STEPS)
     if k < 2:
@@ -125,7 +125,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     sizes = opt.cudagraph_sizes
     # With requests waiting behind a blocked head, an arrival that leaves the head in place does not end the jump
     # (absorb_arrival), so the expected arrival does not size the plan.
-    hint = inst.arrival_hint() if not waiting else float("inf")
+    hint = inst.jump.arrival_hint() if not waiting else float("inf")
     stretch = Stretch(computed0, rem, inst.cost_model.uses_decode_range)
     pad_table = padding_table(opt.cudagraph_sizes, max(inst.config.max_num_seqs, inst.config.max_num_batched_tokens))
     cost = inst.cost_model
@@ -155,7 +155,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     k = kk
     ends_list = ends.tolist()
     # Arrivals known in advance: the jump may go on through their admissions (through_arrivals)
-    known = inst.known_arrivals
+    known = inst.jump.known_arrivals
     arr = None
     if known is not None and not waiting and last > hint and arrivals_allowed(inst, running, caching):
         cap = k_bound if k_bound < k_uncut else MAX_JUMP_STEPS  # the KV bound among the running requests alone
@@ -222,7 +222,7 @@ def plan(inst, stop_time: float, first: ScheduledStep | None, check_head: bool =
     # requests whose content is unique register nothing anyone can hit: only their count of full blocks matters,
     # which _sync_counters keeps
     # (the instance's flag covers the requests that reached it; planned arrivals are checked one by one)
-    n_known = p.num_running if inst.all_content_unique else 0
+    n_known = p.num_running if inst.jump.all_content_unique else 0
     unique = [True] * n_known + [unique_content(r) for r in p.reqs[n_known:]]
     if p.admissions:
         n_run = len(running)

@@ -32,7 +32,7 @@ def walks_queue(inst, running: list[Request]) -> bool:
     """Whether a jump may go on through admissions of the waiting queue's heads (:func:`through_queue`): no
     completion triggers an arrival or leaves for another pool, arrivals join the back of the queue, and
     :func:`arrivals_allowed`."""
-    return (not inst.finish_triggers_arrival and not inst.hands_off and inst.waiting.arrivals_join_back
+    return (not inst.jump.finish_triggers_arrival and not inst.jump.hands_off and inst.waiting.arrivals_join_back
             and arrivals_allowed(inst, running, inst.kv.enable_prefix_caching))
 
 
