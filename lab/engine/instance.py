@@ -30,6 +30,7 @@ from lab.core.step import ScheduledStep
 from lab.core.step_log import StepLog
 from lab.costmodel.base import CostModel
 from lab.engine import jump as ff
+from lab.engine import kv_loads
 from lab.engine.guards import ProgressGuards
 from lab.engine.jump_context import JumpContext
 from lab.engine.swap import SwapSpace
@@ -145,8 +146,8 @@ class Instance:
         # step was in flight (vLLM learns of finished_recving from a step's output)
         self.remote_pending: deque[Request] = deque()
         self.load_remote_kv: Callable[[Request], simpy.Event] | None = None
-        self._loaded: list[Request] = []
-        self._loads_in_flight = 0  # reads under way: their blocks are held, so the cache is not empty
+        self.loads_done: list[Request] = []
+        self.loads_in_flight = 0  # reads under way: their blocks are held, so the cache is not empty
         self.num_remote_loads = 0
         self.guards = ProgressGuards(config, self._contract_error, self._state)
         # prefill side: blocks of finished requests pinned until their decode instance has read them
@@ -242,30 +243,8 @@ class Instance:
         self.jump.disable()
 
     def start_cpu_load(self, request: Request, num_gpu_hit: int, num_cpu_tokens: int) -> None:
-        """Start copying ``num_cpu_tokens`` tokens back from the CPU tier (EngineView ``start_cpu_load``); the
-        request waits, out of every queue, until the engine learns the copy ended (:meth:`_cpu_loaded`). Its GPU
-        prefix hit is its prefix-hit statistic, as if it were admitted now."""
-        if not request.prefix_hit_recorded:
-            request.prefix_hit_recorded = True
-            request.prefix_hit_tokens = num_gpu_hit
-            self.kv.prefix_queries += request.num_tokens
-            self.kv.prefix_hits += num_gpu_hit
-        now = self.now
-        done = self.kv_offload.start_load(request, num_gpu_hit, num_cpu_tokens, now)
-        self._loads_in_flight += 1
-        if request.events is not None:
-            request.events.append((now, "cpu_load", f"{num_cpu_tokens} tokens from the CPU tier after a GPU prefix "
-                                                    f"hit of {num_gpu_hit} ({(done - now) * 1e3:.3f} ms over PCIe)"))
-        env = self.env
-        env.timeout(delay_until(env.now, done)).callbacks.append(lambda _e: self._cpu_loaded(request))
-
-    def _cpu_loaded(self, request: Request) -> None:
-        """A CPU-tier load ended; the scheduler learns of it with the next step's output (at once if none runs)."""
-        self._loads_in_flight -= 1
-        if self.window.steps:
-            self._loaded.append(request)
-        else:
-            self._admit_loaded([request])
+        """EngineView ``start_cpu_load`` (lab/engine/kv_loads.py ``start_cpu_load``)."""
+        kv_loads.start_cpu_load(self, request, num_gpu_hit, num_cpu_tokens)
 
     @property
     def num_outstanding_tokens(self) -> int:
@@ -381,64 +360,6 @@ class Instance:
         self.waiting.add(request)
         self.wake()
 
-    def _start_remote_loads(self) -> None:
-        """Allocate blocks for waiting remote KV in arrival order (the first that does not fit waits, P's blocks
-        stay pinned) and start each read; a request whose lease expired on P joins the waiting queue to
-        recompute its prompt here."""
-        pending = self.remote_pending
-        # a read starts only while running + holding + reading requests stay under max_num_seqs (vLLM counts the
-        # running ones only; counting the parked ones too keeps KV that cannot run from filling the cache)
-        while pending and (len(self.running) + len(self.kv_holding) + self._loads_in_flight
-                           < self.config.max_num_seqs):
-            r = pending[0]
-            remote = r.remote
-            if remote.expired:
-                pending.popleft()
-                remote.times["transfer_start"] = remote.times["transfer_end"] = self.now
-                self.waiting.add(r)
-                continue
-            ok, num_hit = self.kv.allocate_for_remote(r, remote.num_tokens)
-            if not ok:
-                return
-            pending.popleft()
-            remote.num_loaded_tokens = remote.num_tokens - num_hit
-            remote.times["transfer_start"] = self.now
-            self.num_remote_loads += 1
-            self._loads_in_flight += 1
-            self.load_remote_kv(r).callbacks.append(lambda _e, r=r: self._remote_loaded(r))  # type: ignore[misc]
-
-    def _remote_loaded(self, request: Request) -> None:
-        """The read finished; the scheduler learns of it with the next step's output (at once if none runs)."""
-        request.remote.times["transfer_end"] = self.env.now
-        self._loads_in_flight -= 1
-        if self.window.steps:
-            self._loaded.append(request)
-        else:
-            self._admit_loaded([request])
-
-    def _admit_loaded(self, requests: list[Request]) -> None:
-        """Loaded requests rejoin the head of the waiting queue with C = num_tokens - 1: the last prompt token is
-        recomputed and D samples its own first token (vLLM ``_update_waiting_for_remote_kv``); their full blocks
-        are registered for prefix caching now that the KV is there. A request loaded from the CPU tier gets C = the
-        tokens it holds now (GPU hit + CPU hit), ``num_tokens - 1`` when that is all of them."""
-        self.jump.before_arrival()
-        bs = self.kv.block_size
-        for r in reversed(requests):
-            remote = r.remote
-            if remote is not None:
-                c = r.num_tokens - 1
-                remote.times["d_ready"] = self.now
-            else:
-                c = min(self.kv_offload.finish_load(r), r.num_tokens - 1)
-            r.num_computed_tokens = c
-            if self.kv.enable_prefix_caching and c // bs > r.num_cached_blocks:
-                self.kv.register_full_blocks(r, c // bs)
-            if self.scheduler.admits_kv_holding:
-                self.kv_holding.appendleft(r)
-            else:
-                self.waiting.prepend(r)
-        self.wake()
-
     def wake(self) -> None:
         """Wake the engine loop if it is idle."""
         ev = self.wakeup_event
@@ -503,7 +424,7 @@ class Instance:
             self.guards.stalled()
             return
         if self.kv_holding and not self.running:
-            self._drop_held_kv(self.kv_holding.pop())
+            kv_loads.drop_held_kv(self, self.kv_holding.pop())
             return
         if self.running or self.kv_holding:
             self._contract_error(f"nothing scheduled while {len(self.running)} request(s) run, "
@@ -517,20 +438,6 @@ class Instance:
                                      "declare admits_kv_holding")
             self.reject_unservable_head()
 
-    def _drop_held_kv(self, request: Request) -> None:
-        """Nothing runs and no request holding remote KV can be admitted (each needs more blocks than the others
-        leave free): free the newest holder's blocks and let it recompute its prompt here, as a preemption (vLLM
-        recomputes a request whose remote KV it cannot use, ``kv_load_failure_policy = recompute``)."""
-        self.kv.free(request)
-        request.num_computed_tokens = 0
-        request.remote.expired = True
-        request.num_preemptions += 1
-        self.num_preemptions += 1
-        if request.events is not None:
-            request.events.append((self.now, "preempted", "remote KV dropped: no holder could be admitted; "
-                                                          "recompute here"))
-        self.waiting.prepend(request)
-
     def waits_for_events(self) -> bool:
         """Nothing was scheduled and nothing is in flight: True when only an event from outside the engine loop
         can give this instance work (an arrival, a hand-off, a remote KV read that completes, pinned blocks that
@@ -538,7 +445,7 @@ class Instance:
         caller then resolves the stall)."""
         if self.running:
             return False
-        return not (self.waiting or self.kv_holding) or bool(self._loads_in_flight or self.num_pinned_blocks)
+        return not (self.waiting or self.kv_holding) or bool(self.loads_in_flight or self.num_pinned_blocks)
 
     def skip_to_eligible_step(self) -> bool:
         """Async PP with nothing in flight and every running decode gated (``next_decode_eligible_step`` ahead of
@@ -590,7 +497,7 @@ class Instance:
         """
         self._admitted = 0
         if self.remote_pending:
-            self._start_remote_loads()
+            kv_loads.start_remote_loads(self)
         try:
             out = self.scheduler.schedule(self)
         except SchedulerContractError:
@@ -782,9 +689,9 @@ class Instance:
         self.guards.step_applied(sampled, finished)
         if self.kv_offload is not None:
             self.kv_offload.step_ended(step, step.requests, end)
-        if self._loaded:
-            loaded, self._loaded = self._loaded, []
-            self._admit_loaded(loaded)
+        if self.loads_done:
+            loaded, self.loads_done = self.loads_done, []
+            kv_loads.admit_loaded(self, loaded)
         if finished:
             self.jump.steady = False
             self.running = [r for r in self.running if r.status is _RUNNING]
