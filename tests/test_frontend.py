@@ -62,7 +62,8 @@ def test_zero_front_end_gives_exactly_the_engine_view_and_the_old_times():
     assert df["ttft"].equals(df["engine_ttft"]) and df["e2el"].equals(df["engine_e2el"])
     assert df["ttft"].equals(df["first_token_time"] - df["arrival_time"])  # the definitions before the front-end
     assert df["received_time"].equals(df["finish_time"])
-    with_fe = requests_frame(simulate(_exp(frontend={"per_output_token_s": 0.002})).requests)
+    with_fe = requests_frame(simulate(_exp(frontend={"request_s": 0.0, "per_prompt_token_s": 0.0,
+                                                     "per_output_token_s": 0.002})).requests)
     assert with_fe["engine_ttft"].equals(df["engine_ttft"])  # only after the engine: the engine's run is unchanged
     assert (with_fe["ttft"] - df["ttft"]).to_numpy() == pytest.approx(0.002)
 
@@ -157,3 +158,26 @@ def test_the_validation_runs_keep_zero_front_end_time_explicitly(name):
     path = Path(__file__).resolve().parent.parent / "experiments" / f"{name}.yaml"
     assert "frontend" in yaml.safe_load(path.read_text())
     assert frontend_cost(parse_experiment(yaml.safe_load(path.read_text()), str(path), path.parent)).is_zero
+
+
+def test_front_end_defaults_are_vllms_measured_api_server_times_per_version():
+    from lab.cluster.frontend import FRONTEND_DEFAULTS
+    from lab.experiment.simulation import frontend_cost
+
+    for version in ("0.33", "0.19", "0.11"):
+        cost = frontend_cost(_exp(engine={"vllm_version": version}))
+        assert cost.request_s == FRONTEND_DEFAULTS[version]["request_s"] == pytest.approx(0.0102)
+        assert cost.per_prompt_token_s == pytest.approx(1e-5) and cost.per_output_token_s == 0.0
+    assert frontend_cost(_exp(frontend={"request_s": 0.0})).per_prompt_token_s == pytest.approx(1e-5)
+
+
+def test_default_front_end_shifts_an_open_loop_stream_and_keeps_the_fast_forward_exact():
+    exp = _exp(workload={"source": "synthetic", "num_requests": 30, "rate": 20.0})
+    res = simulate(exp)
+    df = requests_frame(res.requests)
+    delay = 0.0102 + 1e-5 * df["prompt_tokens"]
+    assert (df["engine_arrival_time"] - df["arrival_time"]).to_numpy() == pytest.approx(delay.to_numpy())
+    assert (df["ttft"] - df["engine_ttft"]).to_numpy() == pytest.approx(delay.to_numpy())
+    step = requests_frame(simulate(exp.model_copy(update={"simulation": exp.simulation.model_copy(
+        update={"fast_forward": False})})).requests)
+    assert step["ttft"].equals(df["ttft"]) and step["e2el"].equals(df["e2el"])

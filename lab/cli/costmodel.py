@@ -119,18 +119,44 @@ def cost(experiment: Optional[Path] = typer.Argument(None, help="experiment YAML
          decode: Optional[list[str]] = typer.Option(None, "--decode", help="decodes COUNT:KV_LENGTH (repeatable)"),
          data_dir: Optional[Path] = typer.Option(None, "--data-dir",
                                                   help="shared data folder (default $SERVELAB_DATA_DIR or ../shared/data)"),
+         attention_backend: Optional[list[str]] = typer.Option(
+             None, "--attention-backend", help="vLLM attention back-end (repeatable: side by side)"),
+         moe_backend: Optional[list[str]] = typer.Option(
+             None, "--moe-backend", help="vLLM fused-MoE back-end (repeatable: side by side)"),
+         vllm_version: str = typer.Option("0.33", "--vllm-version", help="vLLM whose default back-ends to use "
+                                          "(without an experiment)"),
+         spec: Optional[list[str]] = typer.Option(
+             None, "--spec", help="METHOD:K[,K...]: a verify step (1 + K tokens per decode) with the drafter, "
+             "against the plain decode step (repeatable; see docs/speculative.md)"),
          as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
-    """Print the step time of one batch shape, operator by operator, with each operator's source."""
+    """Print the step time of one batch shape, operator by operator, with each operator's source; with several
+    --attention-backend / --moe-backend values, one column per back-end combination."""
     from lab.core.batch import BatchShape
 
     qs, cs = _parse_prefill(prefill or [])
     dec = _parse_decode(decode or [])
-    if not qs and not dec:
+    if not qs and not dec and not spec:
         _fail("give the batch: --prefill NEW[:CACHED] and/or --decode COUNT:KV_LENGTH")
     shape = BatchShape.from_requests(qs + [1] * len(dec), cs + dec)
+    args = (experiment, model, hf_config, gpu, tp, pp, ep, dp, dtype, kv_dtype, tables, coefficients, data_dir)
+    if spec:
+        from lab.cli.spec_cost import spec_report
+
+        try:
+            spec_report(console, args, spec, dec, vllm_version, as_json)
+        except (ValueError, FileNotFoundError) as e:
+            _fail(str(e))
+        return
+    if len(attention_backend or []) > 1 or len(moe_backend or []) > 1:
+        try:
+            _compare_backends(shape, args, attention_backend or [None], moe_backend or [None], vllm_version, as_json,
+                              data_dir)
+        except (ValueError, FileNotFoundError) as e:
+            _fail(str(e))
+        return
     try:
-        cm, label = _cost_model(experiment, model, hf_config, gpu, tp, pp, ep, dp, dtype, kv_dtype, tables,
-                                coefficients, data_dir)
+        cm, label = _cost_model(*args, attention=(attention_backend or [None])[0],
+                                moe=(moe_backend or [None])[0], vllm_version=vllm_version)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     total = cm.step_time(shape)
@@ -161,20 +187,24 @@ def cost(experiment: Optional[Path] = typer.Argument(None, help="experiment YAML
     console.print(t)
 
 
-def _cost_model(experiment, model, hf_config, gpu, tp, pp, ep, dp, dtype, kv_dtype, tables, coefficients, data_dir):
-    from lab.experiment.config import ConfigError, load_experiment
+_TABLE_CACHE: dict = {}
+
+
+def _cost_model(experiment, model, hf_config, gpu, tp, pp, ep, dp, dtype, kv_dtype, tables, coefficients, data_dir,
+                attention=None, moe=None, vllm_version="0.33"):
     from lab.costmodel.hardware import load_hardware
     from lab.costmodel.model_arch import load_model
-    from lab.costmodel.operator import OperatorCostModel, load_curves
+    from lab.costmodel.operator import OperatorCostModel, load_curves, weight_variant
+    from lab.costmodel.backends import (check_attention_backend, check_moe_backend, default_attention_backend,
+                                        default_moe_backend)
     from lab.costmodel.parallel import Parallelism
     from lab.costmodel.tables import TableSet, load_tables
     from lab.experiment.simulation import build_cost_model
 
     if experiment is not None:
-        try:
-            exp = load_experiment(experiment, data_dir)
-        except ConfigError as e:
-            raise ValueError(str(e)) from None
+        from lab.cli.spec_cost import load_experiment_for_cost
+
+        exp = load_experiment_for_cost(experiment, data_dir, attention, moe)
         m = exp.model
         arch = load_model(m.name, exp.path(m.hf_config, "model.hf_config") if m.hf_config else None)
         hw = load_hardware(exp.hardware.gpu)
@@ -183,11 +213,66 @@ def _cost_model(experiment, model, hf_config, gpu, tp, pp, ep, dp, dtype, kv_dty
         raise ValueError("give an experiment file, or --model (or --hf-config) and --gpu")
     arch = load_model(model, hf_config)
     hw = load_hardware(gpu)
-    ts = TableSet(load_tables([str(p) for p in tables]), hw.name) if tables else None
+    key = (tuple(str(p) for p in tables or ()), hw.name)
+    ts = _TABLE_CACHE.get(key)
+    if ts is None and tables:
+        ts = _TABLE_CACHE[key] = TableSet(load_tables([str(p) for p in tables]), hw.name)
     kv = dtype if kv_dtype == "auto" else kv_dtype
+    variant = weight_variant(arch, dtype)
+    attention = attention or default_attention_backend(arch.is_mla, hw, vllm_version)
+    moe = moe or default_moe_backend(variant, hw, vllm_version)
+    check_attention_backend(attention, arch.is_mla, hw, arch.name)
+    if arch.is_moe:
+        check_moe_backend(moe, variant, hw)
     cm = OperatorCostModel(arch, hw, Parallelism(tp, pp, ep, dp), weight_dtype=dtype, kv_dtype=kv, tables=ts,
-                           curves=load_curves(coefficients))
+                           curves=load_curves(coefficients), attention_backend=attention, moe_backend=moe)
     return cm, f"{arch.name} on {hw.name} tp{tp} pp{pp} ep{ep} dp{dp} {dtype}/kv {kv}"
+
+
+def _compare_backends(shape, args, attentions, moes, vllm_version, as_json, data_dir) -> None:
+    """One step under every (attention, MoE) back-end combination, operator by operator, side by side."""
+    from lab.experiment.paths import default_data_dir
+
+    dd = str((data_dir or default_data_dir()).resolve())
+    cols = []
+    label = ""
+    for a in attentions:
+        for mo in moes:
+            cm, label = _cost_model(*args, attention=a, moe=mo, vllm_version=vllm_version)
+            rows = {r.op: r for r in cm.explain(shape)} if hasattr(cm, "explain") else None
+            if rows is None:
+                raise ValueError("kernel back-ends are priced by the operator cost model only")
+            name = f"{getattr(cm, 'attention_backend', a)}" + (
+                f" / {cm.moe_backend}" if getattr(cm, "model", None) is not None and cm.model.is_moe else "")
+            cols.append((name, cm.step_time(shape), rows))
+    ops = []
+    for _, _, rows in cols:
+        for op in rows:
+            if op not in ops:
+                ops.append(op)
+    if as_json:
+        print(json.dumps({"model": label, "tokens": shape.num_tokens, "sequences": shape.num_seqs,
+                          "backends": [{"backends": n, "step_time_s": t,
+                                        "operators": {op: {"time_s": r.time_s, "source": str(r.source).replace(dd, "{data_dir}")}
+                                                      for op, r in rows.items()}} for n, t, rows in cols]},
+                         indent=1, default=float))
+        return
+    t = Table(title=f"{label}: {shape.num_tokens} tokens, {shape.num_seqs} sequences, ms per step by back-end")
+    t.add_column("operator")
+    for n, _, _ in cols:
+        t.add_column(n, justify="right")
+    for op in ops:
+        vals = [rows[op].time_s if op in rows else None for _, _, rows in cols]
+        t.add_row(op, *["" if v is None else f"{v * 1e3:.3f}" for v in vals])
+    t.add_row("[bold]step[/]", *[f"[bold]{tot * 1e3:.3f}[/]" for _, tot, _ in cols])
+    console.print(t)
+    differing = [op for op in ops if len({str(rows[op].source) if op in rows else "" for _, _, rows in cols}) > 1]
+    for op in differing:
+        console.print(f"{op}:", highlight=False)
+        for n, _, rows in cols:
+            if op in rows:
+                console.print(f"  {n}: {str(rows[op].source).replace(dd, '{data_dir}')}", highlight=False,
+                              markup=False)
 
 
 def profile(out: Path = typer.Option(..., "--out", "-o", help="folder to write (servelab profile format)"),

@@ -18,6 +18,23 @@ decoding). So client TTFT = front-end in + engine TTFT + ``per_output_token_s``,
 engine E2EL + ``per_output_token_s``, and TPOT and ITL are the engine's. The front-end is uncontended: its work does
 not queue behind other requests' (the one-process asyncio loop that serialises it in vLLM, which
 ``--api-server-count`` spreads over processes, is not modelled). Zero settings leave every time as it was.
+
+Defaults (:data:`FRONTEND_DEFAULTS`, by ``engine.vllm_version``), from public measurements of vLLM's API server:
+
+- ``request_s`` 10.2 ms: vLLM PR #54628 scraped ``vllm:time_to_first_token_seconds`` (the server's TTFT, from the
+  request's arrival in the API server) around ``vllm bench serve`` runs and found the client's TTFT 8.4 and 12.0 ms
+  above it with the completions endpoint (``--backend openai``, what ``vllm bench serve`` uses by default; 8.4-12.2 ms
+  over all five rows, chat and responses included), 512-token prompts at concurrency 8, vLLM 0.28.1rc1 on an RTX
+  4070 laptop under WSL2 (a slower host than a data-centre server: an upper side). Their mean, 10.2 ms, is the
+  HTTP hop, request parsing and the first output's way back; it is put on the way in (the engine's queue entry).
+- ``per_prompt_token_s`` 10 µs: tokenization of the prompt before the engine sees it. tenstorrent/tt-inference-server
+  issue #2173 timed the HF tokenizers library (the Rust tokenizer vLLM's fast tokenizers wrap) at 10.1-21.5 µs per
+  token on 131-token chat prompts, 10.1-10.7 µs once warm; the warm figure is used.
+- ``per_output_token_s`` 0: the way back of the first output is inside ``request_s``; no measurement isolates the
+  per-chunk detokenization of the V1 output processor.
+
+No measurement separates vLLM versions, so 0.11, 0.19 and 0.33 share these figures. The LLMServingSim validation
+runs measure TTFT from the engine's queue entry and set all three to 0 in their experiment files.
 """
 
 from __future__ import annotations
@@ -29,6 +46,11 @@ import simpy
 
 from lab.core.request import Request
 from lab.engine.window import delay_until
+
+
+FRONTEND_DEFAULTS: dict[str, dict[str, float]] = {
+    v: {"request_s": 0.0102, "per_prompt_token_s": 1.0e-5, "per_output_token_s": 0.0} for v in ("0.33", "0.19", "0.11")
+}
 
 
 @dataclass(frozen=True)
@@ -96,6 +118,21 @@ class FrontEnd:
     def _deliver(self, request: Request):
         yield self.env.timeout(delay_until(self.env.now, request.arrival_time))
         self.arrive(request)
+
+
+def shift_to_engine(reqs: list[Request], cost: FrontEndCost) -> list[Request]:
+    """An open-loop stream as the engines see it: each request marked as :meth:`FrontEnd.submit` marks it (its send
+    time kept in ``sent_time``, ``arrival_time`` moved to its queue entry, ``stream_s`` set), in the order the
+    engines receive them (stable by the new ``arrival_time``). Delivering this list at its arrival times is the same
+    as sending the original one through a :class:`FrontEnd`, and the engines know their arrivals in advance (the
+    fast-forward jumps through them, lab/engine/jump/)."""
+    for r in reqs:
+        r.stream_s = cost.per_output_token_s
+        delay = cost.time_in(r)
+        if delay:
+            r.sent_time = r.arrival_time
+            r.arrival_time = r.arrival_time + delay
+    return sorted(reqs, key=lambda r: r.arrival_time)
 
 
 def sent_time(request: Request) -> float:

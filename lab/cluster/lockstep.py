@@ -13,12 +13,25 @@ MoE collectives see, :func:`tokens_across_dp`), each rank's step is priced (an i
 :func:`dummy_batch`: its compute on its padded token count and its full share of the collectives), the group waits
 for the longest, then every rank applies its outputs at the same instant. Ranks keep
 their own schedulers, KV caches and waiting queues; the router still picks a rank for every arrival. Lock-stepped
-ranks schedule synchronously (one step in flight) and do not fast-forward.
+ranks do not fast-forward.
+
+Async scheduling (the ranks' ``async_scheduling``, vLLM's default from 0.19): each DP rank's engine core runs
+``step_with_batch_queue`` inside the DP busy loop (``DPEngineCoreProc.run_busy_loop`` calls the same
+``_process_engine_step``), so every rank schedules step s + 1 while step s runs, and with async scheduling vLLM
+exchanges the ranks' token counts over the CPU (``disable_nccl_for_dp_synchronization``, vllm/config/vllm.py) while
+preparing the step's inputs. The group therefore keeps two steps in flight: the next group step is scheduled on
+every rank as soon as the previous one is submitted, and it starts when the step before it has ended and every
+rank's CPU work for it is done (each rank's ``price_step`` sets its ``not_before``), so per-step CPU time shows only
+where the slowest rank's CPU work is longer than the step it overlaps. With sync scheduling (vLLM 0.11, or
+``engine.async_scheduling: false``) one step is in flight and the CPU time of the slowest rank is added to the
+step, as before.
 """
 
 from __future__ import annotations
 
 import simpy
+
+from collections import deque
 
 from lab.core.batch import BatchShape, padded_size
 from lab.core.step import ScheduledStep
@@ -75,10 +88,14 @@ class LockStepGroup:
         if len({r.options.cudagraph_sizes for r in ranks}) > 1:
             raise ValueError("the ranks of a lock-step group must share one cudagraph_capture_sizes list (vLLM pads "
                              "every DP rank to the same graph size)")
+        if len({r.async_scheduling for r in ranks}) > 1:
+            raise ValueError("the ranks of a lock-step group must all schedule asynchronously or all synchronously")
         self.env = env
         self.ranks = ranks
         self.num_steps = 0
         self.num_dummy_steps = [0] * len(ranks)
+        self.depth = 2 if ranks[0].async_scheduling else 1  # group steps in flight (vLLM's batch queue)
+        self.gpu_free = 0.0  # when the group's last submitted step ends
         self.process = env.process(self._loop())
 
     @property
@@ -99,29 +116,50 @@ class LockStepGroup:
     def _loop(self):
         env = self.env
         ranks = self.ranks
+        in_flight: deque[tuple[float, list[ScheduledStep | None]]] = deque()
         while True:
-            if self._idle():
+            if not in_flight and self._idle():
                 yield self._sleep()
                 continue
-            steps = [r.schedule_step() for r in ranks]
-            if all(s is None for s in steps):
+            while len(in_flight) < self.depth:
+                steps = [r.schedule_step() for r in ranks]
+                if all(s is None for s in steps):
+                    break
+                self._submit(steps, in_flight)
+            if not in_flight:
                 if all(r.waits_for_events() for r in ranks):  # e.g. a decode rank's remote KV reads under way
                     yield self._sleep()
                     continue
                 self._reject_unservable()
                 continue
-            dt = self._price(steps)
-            start = self.now
-            end = start + dt
+            end, steps = in_flight.popleft()
             yield env.timeout(delay_until(env.now, end))
             self.num_steps += 1
             for i, (rank, step) in enumerate(zip(ranks, steps)):
                 if step is None:
                     self.num_dummy_steps[i] += 1
-                    rank.clock = end
+                    rank.clock = end if end > rank.clock else rank.clock
                     continue
-                step.start, step.end = start, end
+                rank.window.steps.popleft()
                 rank.finish_step(step)
+
+    def _submit(self, steps: list[ScheduledStep | None], in_flight: deque) -> None:
+        """Price a group step and place it after the one before it: it starts once that step has ended and every
+        rank's CPU work for it is done (``not_before``), and ends with its slowest rank."""
+        dt = self._price(steps)
+        start = self.now
+        if self.gpu_free > start:
+            start = self.gpu_free
+        for step in steps:
+            if step is not None and step.not_before > start:
+                start = step.not_before
+        end = start + dt
+        self.gpu_free = end
+        for rank, step in zip(self.ranks, steps):
+            if step is not None:
+                step.start, step.end = start, end
+                rank.window.steps.append(step)  # the rank sees its step in flight (outputs dropped on preemption)
+        in_flight.append((end, steps))
 
     def _price(self, steps: list[ScheduledStep | None]) -> float:
         """Pad every rank as vLLM does (:func:`tokens_across_dp`), price each rank's step with the group's counts

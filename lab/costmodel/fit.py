@@ -62,6 +62,9 @@ class Curve:
     values: dict[str, list[float]] = field(default_factory=dict)  # feature -> values at the knots
     n_obs: int = 0
     source: str = ""
+    # attention classes fitted on shapes of one head configuration: (query heads, KV heads, head dim) per GPU. The
+    # fit cannot learn how its terms depend on heads then; lab/costmodel/attention.py scales from it (empty: varied)
+    heads: tuple[int, ...] = ()
 
     def _pl(self, feat: str, x: float) -> float:
         ks = self.knots[feat]
@@ -112,13 +115,15 @@ class Curve:
         return {"cls": self.cls, "variant": self.variant, "peak_flops": r(self.peak_flops),
                 "bandwidth": r(self.bandwidth), "t0": r(self.t0), "p": r(self.p), "a_c": r(self.a_c),
                 "a_m": r(self.a_m), "mem_cap": self.mem_cap, "knots": {k: [r(x) for x in v] for k, v in self.knots.items()},
-                "values": {k: [r(x) for x in v] for k, v in self.values.items()}, "n_obs": self.n_obs}
+                "values": {k: [r(x) for x in v] for k, v in self.values.items()}, "n_obs": self.n_obs,
+                **({"heads": list(self.heads)} if self.heads else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Curve":
         return cls(d["cls"], d["variant"], d["peak_flops"], d["bandwidth"], d["t0"], d["p"], d["a_c"], d["a_m"],
                    d.get("mem_cap", 1.0), {k: list(v) for k, v in d["knots"].items()},
-                   {k: list(v) for k, v in d["values"].items()}, d.get("n_obs", 0))
+                   {k: list(v) for k, v in d["values"].items()}, d.get("n_obs", 0),
+                   heads=tuple(int(x) for x in d.get("heads", ())))
 
 
 def _knots(x: np.ndarray) -> list[float]:
@@ -194,7 +199,12 @@ def fit_curve(cls: str, variant: str, df: pd.DataFrame, hw: Hardware, smooth: fl
     sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, max_nfev=100)
     t0, p, a_c, a_m, vals = unpack(sol.x)
     values = {f: [float(v) for v in vals[f]] if f in vals else [0.0, 0.0] for f in (*cf, *mf)}
-    return Curve(cls, variant, P, W, t0, p, float(a_c), float(a_m), cap, knots, values, len(df))
+    heads: tuple[int, ...] = ()
+    if cls in ("attn_prefill", "attn_decode") and {"heads", "kv_heads", "head_dim"} <= set(df.columns):
+        configs = df[["heads", "kv_heads", "head_dim"]].drop_duplicates()
+        if len(configs) == 1:
+            heads = tuple(int(x) for x in configs.iloc[0])
+    return Curve(cls, variant, P, W, t0, p, float(a_c), float(a_m), cap, knots, values, len(df), heads=heads)
 
 
 def split_mask(df: pd.DataFrame, cls: str, frac: float = 0.2, seed: int = 0) -> np.ndarray:

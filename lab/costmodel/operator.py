@@ -38,7 +38,6 @@ Small kernels (norms, decode attention, the small GEMMs of a wide TP split) beco
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -46,8 +45,11 @@ from typing import Callable, Sequence
 
 from lab.core.batch import BatchShape
 from lab.costmodel import comm, ops
+from lab.costmodel.attention import FLASHMLA_COMPUTE_EFF, FLASHMLA_MEMORY_EFF, Attention, make_attention  # noqa: F401
+from lab.costmodel.backends import (check_attention_backend, check_moe_backend, default_attention_backend,
+                                    default_moe_backend)
 from lab.costmodel.base import CostModelBase
-from lab.costmodel.features import gemm_features, mla_module_work
+from lab.costmodel.features import gemm_features
 from lab.costmodel.fit import Curve, CurveSet
 from lab.costmodel.hardware import Hardware, fit_proxy
 from lab.costmodel.model_arch import ModelArch, dtype_bytes, resolve_kv_dtype
@@ -55,11 +57,6 @@ from lab.costmodel.parallel import Parallelism
 from lab.costmodel.profiles import ProfileError
 from lab.costmodel.roofline import Efficiency
 from lab.costmodel.tables import TableSet, load_tables
-
-# FlashMLA on H800 (published_kernel_and_system_figures.csv): 3000 of 3350 GB/s memory-bound, 660 of 990 TFLOPS
-# compute-bound. Used for the MLA decode core when no table or curve covers it.
-FLASHMLA_MEMORY_EFF = 3000 / 3350
-FLASHMLA_COMPUTE_EFF = 660 / 990
 
 
 @dataclass
@@ -142,6 +139,10 @@ class OperatorCostModel(CostModelBase):
         moe_imbalance: multiplies the routed-expert time (busiest GPU / mean; 1 = balanced routing).
         enforce_eager: no CUDA graphs: each call costs at least ``kernels x cpu_launch_s``.
         cpu_launch_s: host time to issue one kernel in eager mode.
+        attention_backend: vLLM's attention back-end (lab/costmodel/backends.py ``ATTENTION_BACKENDS``); None: the
+            one vLLM 0.33 picks for this GPU and model. Priced by lab/costmodel/attention.py.
+        moe_backend: vLLM's fused-MoE back-end (``backends.MOE_BACKENDS``); None: vLLM 0.33's choice. Priced by
+            lab/costmodel/moe_backends.py.
     """
 
     name = "operator"
@@ -152,7 +153,8 @@ class OperatorCostModel(CostModelBase):
                  link_bandwidth: float | None = None, link_latency_s: float | None = None,
                  moe_imbalance: float = 1.0, enforce_eager: bool = False, cpu_launch_s: float = 6e-6,
                  links: tuple[comm.LinkSpec, comm.LinkSpec, comm.LinkSpec] | None = None,
-                 all2all_backend: str = comm.DEFAULT_EP_BACKEND) -> None:
+                 all2all_backend: str = comm.DEFAULT_EP_BACKEND, attention_backend: str | None = None,
+                 moe_backend: str | None = None) -> None:
         self.model = model
         self.hw = hardware
         self.par = parallel or Parallelism()
@@ -183,6 +185,11 @@ class OperatorCostModel(CostModelBase):
         self.moe_imbalance = moe_imbalance
         self.enforce_eager = enforce_eager
         self.cpu_launch_s = cpu_launch_s
+        self.attention_backend = attention_backend or default_attention_backend(model.is_mla, hardware)
+        check_attention_backend(self.attention_backend, model.is_mla, hardware, model.name)
+        self.moe_backend = moe_backend or default_moe_backend(self.gemm_variant, hardware)
+        if model.is_moe:
+            check_moe_backend(self.moe_backend, self.gemm_variant, hardware)
         self.proxy = fit_proxy(hardware.name)
         m, p = model, self.par
         self.L = m.num_layers
@@ -194,10 +201,25 @@ class OperatorCostModel(CostModelBase):
         self._cache: dict[tuple[int, int, tuple[int, ...]], tuple[float, float, dict[str, float]]] = {}
         self._stage_counts_cache: dict[tuple[int, ...], list[tuple[int, int, int]]] = {}
         self._stage_cache: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], list[float]] = {}
-        # fitted attention-core curves; set by the attention setup when no table covers the core
+        # fitted attention-core curves; set by the attention strategy when no table covers the core
         self.pre_curve: Curve | None = None
         self.dec_curve: Curve | None = None
+        self.attn: Attention
         self._build()
+
+    # the attention strategy's facts, as the model exposed them before the strategies (tests, servelab cost)
+    @property
+    def mla_mode(self) -> str | None:
+        """``module-table``, ``module-fit`` or ``decomposed`` for MLA; None for standard attention."""
+        return self.attn.mode if self.model.is_mla else None
+
+    @property
+    def pre_src(self) -> str:
+        return self.attn.pre_src
+
+    @property
+    def dec_src(self) -> str:
+        return self.attn.dec_src
 
     # ------------------------------------------------------------------------------------------ sources
     def _curve(self, cls: str, variant: str) -> tuple[Curve | None, str]:
@@ -336,16 +358,15 @@ class OperatorCostModel(CostModelBase):
 
         # ---- attention block (per layer, token-dependent part)
         add_elem("norms", "norm", 8 * h, (2, 0, 0))  # input and post-attention fused add+RMSNorm
-        self.mla_mode = None
-        if m.is_mla:
-            self._setup_mla(add_gemm, add_elem)
-        else:
+        self.attn_calls = self.L
+        if not m.is_mla:
             add_gemm("qkv_proj", (H + 2 * Hk) * d, h, _LAYER)
             add_gemm("o_proj", h, H * d, _LAYER)
             add_elem("rope", "rope", 4 * (H + Hk) * d, _LAYER)
             if m.qk_norm:
                 add_elem("qk_norm", "norm", 4 * (H + Hk) * d, _LAYER)
-            self._setup_gqa_attention()
+        # the attention kind and back-end (lab/costmodel/attention.py); MLA's decomposed form adds its projections
+        self.attn = make_attention(self, self.attention_backend, add_gemm, add_elem)
         ar, ar_src = self._allreduce_fn(p.tp)
         ar_where = (1, 1, 1 if p.ep == 1 else 0)  # after attention; after the MLP unless EP combines it
         if p.tp > 1:
@@ -373,65 +394,6 @@ class OperatorCostModel(CostModelBase):
             tok.append(_TokOp("pp_sendrecv", "communication", self._calls(_BOUNDARY), lambda T, S: sr(T * h * 2),
                               lambda T, S: (0.0, T * h * 2.0), sr_src, where=_BOUNDARY))
 
-    def _setup_gqa_attention(self) -> None:
-        m = self.model
-        H, Hk, d = self.heads, self.kv_heads, m.head_dim
-        self.attn_calls = self.L
-        self.pre_uniform = self.pre_hist = self.pre_hist0 = self.dec_grid = None
-        self.pre_src = self.dec_src = None
-        if self.tables is not None:
-            u, hgrid, h0, src = self.tables.attn_prefill(self.kvdtype, H, Hk, d)
-            if u is not None or hgrid is not None:
-                self.pre_uniform, self.pre_hist, self.pre_hist0, self.pre_src = u, hgrid, h0, f"table:{src}"
-            g, src = self.tables.attn_decode(self.kvdtype, H, Hk, d)
-            if g is not None:
-                self.dec_grid, self.dec_src = g, f"table:{src}"
-        if self.pre_src is None:
-            c, src = self._curve("attn_prefill", self.kvdtype)
-            self.pre_curve, self.pre_src = c, (src or "roofline")
-        if self.dec_src is None:
-            c, src = self._curve("attn_decode", self.kvdtype)
-            self.dec_curve, self.dec_src = c, (src or "roofline")
-
-    def _setup_mla(self, add_gemm, add_elem) -> None:
-        m = self.model
-        h, H = m.hidden_size, self.heads
-        r, rope, nope, dv, rq = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.q_lora_rank
-        self.attn_calls = self.L
-        mp = md = None
-        gv = self.gemm_variant if self.wdtype == "fp8" else "bf16"
-        if self.tables is not None:
-            mp, sp = self.tables.mla("prefill", m, gv, self.kvdtype, H)
-            md, sd = self.tables.mla("decode", m, gv, self.kvdtype, H)
-        if mp is not None and md is not None:
-            self.mla_mode = "module-table"
-            self.mla_pre, self.mla_dec, self.pre_src, self.dec_src = mp, md, f"table:{sp}", f"table:{sd}"
-            return
-        var = f"{self.gemm_variant if self.wdtype == 'fp8' else 'bf16'}/{self.kvdtype}"
-        cp, sp = self._curve("mla_prefill", var)
-        cd, sd = self._curve("mla_decode", var)
-        if cp is not None and cd is not None:
-            self.mla_mode = "module-fit"
-            self.mla_pre_curve, self.mla_dec_curve, self.pre_src, self.dec_src = cp, cd, sp, sd
-            return
-        # decomposed: projections as GEMMs, attention cores from curves / roofline
-        self.mla_mode = "decomposed"
-        add_gemm("qkv_a_proj", (rq + r + rope) if rq else (r + rope), h, _LAYER)
-        if rq:
-            add_gemm("q_b_proj", H * (nope + rope), rq, _LAYER)
-            add_elem("q_kv_a_norms", "norm", 4 * (rq + r), _LAYER)
-        else:
-            add_gemm("q_proj", H * (nope + rope), h, _LAYER)
-            add_elem("kv_a_norm", "norm", 4 * r, _LAYER)
-        add_gemm("o_proj", h, H * dv, _LAYER)
-        add_elem("rope", "rope", 4 * (H + 1) * rope, _LAYER)
-        self.kvb_fn, _, self.kvb_src = self._gemm_fn(H * (nope + dv), r)
-        self.uk_fn, _, _ = self._gemm_fn(H * r, nope, "bf16")
-        self.uv_fn, _, _ = self._gemm_fn(H * dv, r, "bf16")
-        c, src = self._curve("attn_prefill", self.kvdtype)
-        self.pre_curve, self.pre_src = c, (src or "roofline")
-        self.dec_src = "roofline (FlashMLA published efficiency)"
-
     def _setup_moe(self, add_gemm, add_elem) -> None:
         m, p = self.model, self.par
         h, E, k = m.hidden_size, m.num_experts, m.experts_per_token
@@ -439,33 +401,11 @@ class OperatorCostModel(CostModelBase):
         i_r = i_full // p.moe_tp
         dp = p.dp if p.ep > 1 else 1
         add_gemm("router", E, h, _MOE, group="moe", dtype="bf16")
-        variant = self.gemm_variant if self.wdtype == "fp8" else "bf16"
         wb = 1.0 if self.wdtype == "fp8" else 2.0
-        fn = src = None
-        if self.tables is not None:
-            f, s = self.tables.moe(variant, h, i_full, k, E, p.moe_tp, p.ep)
-            if f is None and variant == "fp8_block":
-                f, s = self.tables.moe("fp8", h, i_full, k, E, p.moe_tp, p.ep)
-            if f is not None:
-                fn, src = f, f"table:{s}"
-        if fn is None:
-            c, s = self._curve("moe", variant)
-            if c is not None:
-                def fn(T: float, c=c) -> float:
-                    F, B = ops.moe_experts(T, h, i_r, k, E, p.ep, wb, wb)
-                    rows = T * k / p.ep
-                    return c.time(F, B, {"rows_per_expert": max(rows / (E / p.ep), 1e-3), "rows": max(rows, 1e-3),
-                                         "inter": i_r, "hidden": h, "topk": k, "tokens": T, "bytes": B,
-                                         "experts_local": E / p.ep})
-                src = s
-            else:
-                e = self.eff
-                peak = self.hw.peak_flops(self.wdtype)
+        from lab.costmodel.moe_backends import make_moe_experts  # noqa: PLC0415 - the operator model's own layer
 
-                def fn(T: float) -> float:
-                    F, B = ops.moe_experts(T, h, i_r, k, E, p.ep, wb, wb)
-                    return self._roof(F, B, e.gemm_compute, e.gemm_memory, peak) + 4 * e.kernel_launch_s
-                src = "roofline"
+        self.moe = make_moe_experts(self, self.moe_backend)
+        fn, src = self.moe.time, self.moe.source
         imb = self.moe_imbalance
 
         def experts_of_group(G: tuple[int, ...]) -> float:
@@ -516,149 +456,13 @@ class OperatorCostModel(CostModelBase):
     # ------------------------------------------------------------------------------------------ attention
     def _attention_layer(self, shape: BatchShape) -> tuple[float, float]:
         """(prefill part, decode part) seconds of one layer's attention (with MLA module tables: the module)."""
-        pre = dec = 0.0
-        if shape.prefill_new:
-            pre = self._prefill(shape.prefill_new, shape.prefill_context)
-        nd = shape.num_decodes
-        if nd:
-            dec = self._decode(nd, shape.decode_sum, shape.decode_max)
-        if shape.verify_new:
-            dec += self._verify(shape.verify_new, shape.verify_context)
-        return pre, dec
-
-    def _verify(self, qs: list[int], cs: list[int]) -> float:
-        """Seconds of one layer's attention over verify queries (q = 1 + k query tokens against c cached tokens
-        each). vLLM runs them in the decode kernel (FlashInfer / FlashMLA take up to 1 + k queries per request
-        as decodes, ``reorder_batch_threshold``): each request's KV is read once, as for a decode with context
-        c + q - 1, and the q queries add compute; the time is the larger of that decode's time and the compute
-        roof of the q·c + q(q+1)/2 query/key pairs (absorbed MLA pairs for an MLA model)."""
-        m = self.model
-        ctx = [c + q - 1 for q, c in zip(qs, cs)]
-        memory = self._decode(len(qs), sum(ctx), max(ctx))
-        pairs = sum(ops.prefill_pairs(q, c) for q, c in zip(qs, cs))
-        if m.is_mla:
-            per_pair = 2.0 * self.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
-        else:
-            per_pair = 4.0 * self.heads * m.head_dim
-        e = self.eff
-        compute = self._roof(pairs * per_pair, 0.0, e.attention_compute, e.attention_memory, self.hw.bf16_flops)
-        return max(memory, compute)
-
-    @staticmethod
-    def _equivalent(qs: list[int], cs: list[int]) -> tuple[int, float, float, float]:
-        """(chunks, equivalent uniform length, Σ pairs, Σ new tokens) of prefill chunks."""
-        n = len(qs)
-        pairs = 0.0
-        for q, c in zip(qs, cs):
-            pairs += q * c + q * (q + 1) / 2.0
-        isl = (-1.0 + math.sqrt(1.0 + 8.0 * pairs / n)) / 2.0
-        return n, isl, pairs, float(sum(qs))
-
-    def _prefill(self, qs: list[int], cs: list[int]) -> float:
-        m = self.model
-        mode = self.mla_mode
-        if mode == "module-table":
-            n, isl, _, _ = self._equivalent(qs, cs)
-            return self.mla_pre(n, isl)
-        if mode == "module-fit":
-            t = 0.0
-            for q, c in zip(qs, cs):
-                F, B = mla_module_work(m, self.heads, 1, q_len=q + c, w_bytes=self.wb, kv_bytes=dtype_bytes(self.kvdtype))
-                frac = ops.prefill_pairs(q, c) / ops.prefill_pairs(q + c, 0)
-                t += frac * self.mla_pre_curve.time(F, B, {"q_len": q + c, "batch": 1, "heads": self.heads, "bytes": B})
-            return t
-        if mode == "decomposed":
-            H = self.heads
-            ctx = sum(q + c for q, c in zip(qs, cs))
-            t = self.kvb_fn(ctx)
-            d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
-            kv_tok = H * (d_qk + d_v) * 2.0  # expanded K and V per token
-            return t + self._prefill_core(qs, cs, H, H, d_qk, d_v, kv_tok)
-        if self.pre_hist is not None:
-            t = 0.0
-            for q, c in zip(qs, cs):
-                if c > 0:
-                    t += self.pre_hist(c, q)
-                elif self.pre_hist0 is not None:
-                    t += self.pre_hist0(q)
-                else:
-                    t += self.pre_hist(1, q)
-            return t
-        if self.pre_uniform is not None:
-            n, isl, _, _ = self._equivalent(qs, cs)
-            return self.pre_uniform(n, isl)
-        return self._prefill_core(qs, cs, self.heads, self.kv_heads, m.head_dim, m.head_dim, self.kv_tok)
-
-    def _prefill_core(self, qs, cs, H, Hk, d_qk, d_v, kv_tok) -> float:
-        F = B = 0.0
-        for q, c in zip(qs, cs):
-            f, b = ops.attention_prefill(q, c, H, Hk, d_qk, d_v, kv_tok)
-            F += f
-            B += b
-        c_ = self.pre_curve
-        if c_ is not None:
-            n = len(qs)
-            sq = sum(qs)
-            span = sq + sum(cs)
-            return c_.time(F, B, {"q_len": sq / n, "span": span / n, "units": n * H, "head_dim": d_qk, "bytes": B})
-        e = self.eff
-        return self._roof(F, B, e.attention_compute, e.attention_memory, self.hw.bf16_flops)
-
-    def _decode(self, nd: int, ctx_sum: int, ctx_max: int) -> float:
-        mean = ctx_sum / nd
-        mode = self.mla_mode
-        if mode == "module-table":
-            return max(self.mla_dec(nd, mean + 1), self.mla_dec(1, ctx_max + 1))
-        if mode == "module-fit":
-            return max(self._mla_dec_fit(nd, mean), self._mla_dec_fit(1, ctx_max))
-        if mode == "decomposed":
-            m = self.model
-            H = self.heads
-            F, B = ops.mla_decode(nd, ctx_sum, H, m.kv_lora_rank, m.qk_rope_head_dim, self.kv_tok)
-            F1, B1 = ops.mla_decode(1, ctx_max, H, m.kv_lora_rank, m.qk_rope_head_dim, self.kv_tok)
-            core = max(self._roof(F, B, FLASHMLA_COMPUTE_EFF, FLASHMLA_MEMORY_EFF, self.hw.bf16_flops),
-                       self._roof(F1, B1, FLASHMLA_COMPUTE_EFF, FLASHMLA_MEMORY_EFF, self.hw.bf16_flops))
-            return core + self.uk_fn(nd) + self.uv_fn(nd)
-        if self.dec_grid is not None:
-            return max(self.dec_grid(nd, mean + 1), self.dec_grid(1, ctx_max + 1))
-        return max(self._gqa_dec(nd, ctx_sum), self._gqa_dec(1, ctx_max))
-
-    def _gqa_dec(self, nd: int, ctx_sum: float) -> float:
-        m = self.model
-        F, B = ops.attention_decode(nd, ctx_sum, self.heads, m.head_dim, m.head_dim, self.kv_tok)
-        c = self.dec_curve
-        if c is not None:
-            return c.time(F, B, {"units": nd * self.heads, "head_dim": m.head_dim, "kv_len": ctx_sum / nd + 1,
-                                 "kv_units": nd * self.kv_heads, "bytes": B, "batch": nd})
-        e = self.eff
-        return self._roof(F, B, e.attention_compute, e.attention_memory, self.hw.bf16_flops)
-
-    def _mla_dec_fit(self, nd: int, mean: float) -> float:
-        F, B = mla_module_work(self.model, self.heads, nd, kv_len=mean, w_bytes=self.wb,
-                               kv_bytes=dtype_bytes(self.kvdtype))
-        return self.mla_dec_curve.time(F, B, {"batch": nd, "heads": self.heads, "kv_len": mean + 1, "bytes": B})
+        return self.attn.layer(shape)
 
     def _attention_work(self, shape: BatchShape) -> tuple[tuple[float, float], tuple[float, float]]:
-        """((FLOPs, bytes) of the prefill part, (FLOPs, bytes) of the decode part) of one layer's attention core
-        (MLA: the un-absorbed prefill and the absorbed FlashMLA decode; projections are separate operators)."""
-        m = self.model
-        Fp = Bp = Fd = Bd = 0.0
-        if m.is_mla:
-            d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
-            for q, c in shape.query_chunks():
-                f, b = ops.attention_prefill(q, c, self.heads, self.heads, d_qk, d_v, self.heads * (d_qk + d_v) * 2.0)
-                Fp, Bp = Fp + f, Bp + b
-            if shape.num_decodes:
-                Fd, Bd = ops.mla_decode(shape.num_decodes, shape.decode_sum, self.heads, m.kv_lora_rank,
-                                        m.qk_rope_head_dim, self.kv_tok)
-            return (Fp, Bp), (Fd, Bd)
-        for q, c in shape.query_chunks():
-            f, b = ops.attention_prefill(q, c, self.heads, self.kv_heads, m.head_dim, m.head_dim, self.kv_tok)
-            Fp, Bp = Fp + f, Bp + b
-        if shape.num_decodes:
-            Fd, Bd = ops.attention_decode(shape.num_decodes, shape.decode_sum, self.heads, m.head_dim, m.head_dim,
-                                          self.kv_tok)
-        return (Fp, Bp), (Fd, Bd)
+        return self.attn.work(shape)
+
+    def _decode(self, nd: int, ctx_sum: int, ctx_max: int) -> float:
+        return self.attn.decode(nd, ctx_sum, ctx_max)
 
     # ------------------------------------------------------------------------------------------ step
     def _group(self, shape: BatchShape) -> tuple[int, ...]:
@@ -772,7 +576,7 @@ class OperatorCostModel(CostModelBase):
         tok, extra, parts = self._token_terms(shape.dense_tokens, shape.num_logits, self._group(shape))
         pre, dec = self._attention_layer(shape)
         out = dict(parts)
-        key = "attention" if self.mla_mode != "module-table" else "mla_module"
+        key = self.attn.label
         out[f"{key}_prefill"] = pre * self.attn_calls
         out[f"{key}_decode"] = dec * self.attn_calls
         if self.enforce_eager:
@@ -805,7 +609,7 @@ class OperatorCostModel(CostModelBase):
                               b * op.calls))
         pre, dec = self._attention_layer(shape)
         (Fp, Bp), (Fd, Bd) = self._attention_work(shape)
-        name = "attention" if self.mla_mode != "module-table" else "mla_module"
+        name = self.attn.label
         n = self.attn_calls
         if shape.prefill_new or shape.verify_new:
             rows.append(OpRow(f"{name}_prefill", "attention", n, pre * n, str(self.pre_src), Fp * n, Bp * n))
@@ -867,8 +671,34 @@ def build_operator_cost_model(exp, model: ModelArch, hw: Hardware,
     kv_dtype = resolve_kv_dtype(exp.model.dtype, exp.model.kv_cache_dtype)
     link = (h.link_gbps * 1e9) if h.link_gbps else None
     latency = h.link_latency_us * 1e-6 if "link_latency_us" in h.model_fields_set else None
+    attention, moe = kernel_backends(exp, model, hw)
     return OperatorCostModel(model, hw, par, weight_dtype=exp.model.dtype, kv_dtype=kv_dtype, tables=tables,
                              curves=curves, efficiency=Efficiency(**over), link_bandwidth=link,
                              link_latency_s=latency, moe_imbalance=c.moe_imbalance,
                              enforce_eager=not exp.engine.cudagraph, cpu_launch_s=c.cpu_launch_us * 1e-6,
-                             all2all_backend=h.all2all_backend)
+                             all2all_backend=h.all2all_backend, attention_backend=attention, moe_backend=moe)
+
+
+def weight_variant(model: ModelArch, weight_dtype: str) -> str:
+    """The GEMM weight format: "bf16", "fp8" (per-tensor W8A8) or "fp8_block" (a natively fp8 checkpoint)."""
+    if weight_dtype != "fp8":
+        return "bf16"
+    return "fp8_block" if model.weight_dtype == "fp8" else "fp8"
+
+
+def kernel_backends(exp, model: ModelArch, hw: Hardware) -> tuple[str, str]:
+    """(attention back-end, MoE back-end) of an experiment: ``engine.attention_backend`` / ``engine.moe_backend``,
+    else what vLLM of ``engine.vllm_version`` picks for the GPU and model (lab/costmodel/backends.py).
+
+    Raises:
+        ValueError: a back-end vLLM refuses for this model or GPU (one line naming the field).
+    """
+    e = exp.engine
+    version = e.vllm_version
+    attention = getattr(e, "attention_backend", None) or default_attention_backend(model.is_mla, hw, version)
+    variant = weight_variant(model, exp.model.dtype)
+    moe = getattr(e, "moe_backend", None) or default_moe_backend(variant, hw, version)
+    check_attention_backend(attention, model.is_mla, hw, model.name)
+    if model.is_moe:
+        check_moe_backend(moe, variant, hw)
+    return attention, moe

@@ -221,13 +221,14 @@ class FrontendConfig(_Strict):
     ``per_prompt_token_s`` · prompt tokens pass between the client's send and the engine's queue entry (HTTP
     parsing, chat template, tokenization, the hop to the engine core); ``per_output_token_s`` passes between the
     engine emitting an output and the client receiving it (detokenization, the SSE chunk). Client TTFT = that
-    time in + engine TTFT + ``per_output_token_s``. Default 0 everywhere: no measured figure fits a default
-    (docs/fidelity.md lists the published ones and example values); the LLMServingSim validation runs measure from
-    the engine's queue entry and must stay at 0."""
+    time in + engine TTFT + ``per_output_token_s``. Unset: the public measurements of vLLM's API server for
+    ``engine.vllm_version`` (lab/cluster/frontend.py ``FRONTEND_DEFAULTS``; docs/fidelity.md); the LLMServingSim
+    validation runs measure from the engine's queue entry and set all three to 0."""
 
-    request_s: float = Field(0.0, ge=0, allow_inf_nan=False)
-    per_prompt_token_s: float = Field(0.0, ge=0, allow_inf_nan=False)
-    per_output_token_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    request_s: float | None = Field(None, ge=0, allow_inf_nan=False, description="default: 0.0102 (vLLM PR #54628)")
+    per_prompt_token_s: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                             description="default: 1e-5 (HF tokenizers, tt-inference-server #2173)")
+    per_output_token_s: float | None = Field(None, ge=0, allow_inf_nan=False, description="default: 0")
 
 
 class EngineConfig(_Strict):
@@ -261,6 +262,13 @@ class EngineConfig(_Strict):
         return v
     cpu_overhead: CPUOverheadConfig = CPUOverheadConfig()
     vllm_version: Literal["0.33", "0.19", "0.11"] = Field("0.33", description="behaviour set of this vLLM era")
+    attention_backend: Literal["FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA",
+                               "CUTLASS_MLA", "FLASHINFER_MLA"] | None = Field(
+        None, description="vLLM --attention-backend: the attention kernels the operator cost model prices "
+        "(lab/costmodel/attention.py); default: the one vLLM of vllm_version picks for the GPU and model")
+    moe_backend: Literal["triton", "deep_gemm", "cutlass", "flashinfer_cutlass", "flashinfer_trtllm"] | None = Field(
+        None, description="vLLM --moe-backend: the fused-MoE kernels the operator cost model prices "
+        "(lab/costmodel/moe_backends.py); default: vLLM's choice for the weight format, GPU and version")
     kv_offloading_size: float | None = Field(
         None, ge=0, description="GiB of CPU memory for KV blocks, over all GPUs of an instance (vLLM "
         "--kv-offloading-size); unset or 0 = no CPU tier (docs/kv_offloading.md)")
@@ -475,6 +483,9 @@ class SpeculativeConfig(_Strict):
     ngram_hit_probability: float | None = Field(None, ge=0, le=1, description="ngram: chance a step finds a "
                                                 "match and proposes drafts (default: docs/speculative.md)")
     ngram_cpu_us_per_request: float = Field(20.0, ge=0, description="ngram: CPU lookup time per request per step")
+    disable_padded_drafter_batch: bool = Field(
+        False, description="vLLM's serial proposer: the host waits for the verify and launches each drafter pass "
+        "(lab/costmodel/spec_step.py); turns async scheduling off, as vLLM does")
     acceptance: AcceptanceConfig = AcceptanceConfig()
 
     @field_validator("method", mode="before")
@@ -489,6 +500,9 @@ class SpeculativeConfig(_Strict):
             raise ValueError("method 'draft_model' needs 'model' (a catalog name) or 'hf_config'")
         if self.method != "draft_model" and (self.model or self.hf_config):
             raise ValueError(f"'model' / 'hf_config' name a draft model; method {self.method!r} does not use one")
+        if self.method == "ngram" and self.disable_padded_drafter_batch:
+            raise ValueError("disable_padded_drafter_batch is for model drafters (eagle, eagle3, mtp, draft_model); "
+                             "the n-gram proposer always works on the host")
         if self.method != "draft_model" and self.draft_tensor_parallel_size is not None:
             raise ValueError(f"draft_tensor_parallel_size is for method 'draft_model'; the {self.method} drafter "
                              "runs at the target's tensor_parallel_size")

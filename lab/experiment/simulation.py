@@ -13,7 +13,7 @@ from typing import Callable
 import simpy
 
 from lab.cluster.cluster import Cluster, HandOff, Pool
-from lab.cluster.frontend import FrontEnd, FrontEndCost
+from lab.cluster.frontend import FRONTEND_DEFAULTS, FrontEnd, FrontEndCost, shift_to_engine
 from lab.cluster.transfer import TransferCost
 from lab.cluster.lockstep import LockStepGroup
 from lab.experiment.config import Experiment, pool_experiments
@@ -288,15 +288,19 @@ def build_deployment(exp: Experiment, kv_connector: bool = False) -> Deployment:
     sizes: tuple[int, ...] = ()
     if e.cudagraph:
         sizes = tuple(sorted(e.cudagraph_capture_sizes)) if e.cudagraph_capture_sizes else default_capture_sizes(max_num_seqs)
+    async_ = _async_scheduling(exp, pick("async_scheduling"))
     if drafter is not None:
+        if spec.method != "ngram" and sizes:  # vLLM rounds the capture sizes to multiples of 1 + k
+            sizes = spec_setup.spec_capture_sizes(sizes, spec.num_speculative_tokens, max_num_seqs, mbt,
+                                                  user_sizes=bool(e.cudagraph_capture_sizes))
         cost = spec_setup.speculative_cost_model(exp, cost, drafter, hw,
                                                  lambda arch, tp: build_cost_model(exp, arch, hw, tp, drafter=True),
-                                                 sizes)
+                                                 sizes, model, async_)
     c = e.cpu_overhead
     h = exp.hardware
     stages = tuple(Parallelism(pp=h.pipeline_parallel_size).stage_layers(model.num_layers)) \
         if h.pipeline_parallel_size > 1 else ()
-    options = EngineOptions(async_scheduling=_async_scheduling(exp, pick("async_scheduling")), cpu_base_s=c.base_s,
+    options = EngineOptions(async_scheduling=async_, cpu_base_s=c.base_s,
                             cpu_per_seq_s=c.per_seq_s, cpu_per_token_s=c.per_token_s,
                             cpu_per_new_request_s=c.per_new_request_s, cudagraph_sizes=sizes,
                             stage_layers=stages)
@@ -342,11 +346,17 @@ def hybrid_kv_layout(exp: Experiment, model: ModelArch, kv_dtype: str, max_model
 
 
 def _async_scheduling(exp: Experiment, default: bool) -> bool:
-    """Async scheduling, unless lock-step DP or n-gram drafting rules it out (vLLM turns it off for spec methods
-    its async path does not support, n-gram among them: shared/specs/vllm-v1-scheduling.md §6; asking for both is
-    refused by lab/experiment/support.py)."""
-    ngram = exp.speculative is not None and exp.speculative.method == "ngram"
-    return default and not lock_step(exp) and not ngram
+    """Async scheduling, unless n-gram drafting or the serial proposer rules it out (vLLM turns it off for spec
+    methods its async path does not support, n-gram among them, and with ``disable_padded_drafter_batch``:
+    vllm/config/vllm.py; shared/specs/vllm-v1-scheduling.md §6; asking for both is refused by
+    lab/experiment/support.py). Lock-stepped DP ranks schedule asynchronously too: each rank's engine core runs
+    ``step_with_batch_queue`` in vLLM's DP loop (vllm/v1/engine/core.py ``DPEngineCoreProc.run_busy_loop``), and
+    with async scheduling vLLM syncs the ranks' token counts over the CPU (``disable_nccl_for_dp_synchronization``;
+    lab/cluster/lockstep.py)."""
+    spec = exp.speculative
+    ngram = spec is not None and spec.method == "ngram"
+    serial = spec is not None and spec.disable_padded_drafter_batch
+    return default and not ngram and not serial
 
 
 def budgeted_by_max_num_batched_tokens(exp: Experiment) -> bool:
@@ -418,6 +428,10 @@ def build_cost_model(exp: Experiment, model: ModelArch, hw: Hardware, tp: int | 
         raise ValueError(f"cost_model.kind {c.kind}: {model.name} is a hybrid model, whose sliding-window, chunked, "
                          "linear-attention and Mamba layers are priced by the roofline only "
                          "(lab/costmodel/hybrid_cost.py); use cost_model.kind roofline")
+    for name in ("attention_backend", "moe_backend"):
+        if getattr(exp.engine, name) is not None and c.kind != "operator":
+            raise ValueError(f"engine.{name}: kernel back-ends are priced by cost_model.kind operator only "
+                             f"(this experiment uses {c.kind})")
     # the profiled cost models are imported only by the runs that use them (their tables need pandas: start-up)
     if c.kind == "operator":
         from lab.costmodel.operator import build_operator_cost_model  # noqa: PLC0415
@@ -529,11 +543,12 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
     # one pool of one instance: arrivals go straight to it (no router, no hand-off)
     arrive = instances[0].add_request if len(built) == 1 and len(instances) == 1 else cluster.arrive
     frontend = frontend_cost(exp)
-    if not frontend.is_zero:  # the API server: requests reach the engines after it, tokens the clients after it
-        arrive = FrontEnd(env, frontend, arrive).submit
-
     concurrency = closed_loop_concurrency(exp)
     w = exp.workload
+    open_loop = w.source != "sessions" and concurrency is None
+    if not frontend.is_zero and not open_loop:  # the API server: requests reach the engines after it
+        arrive = FrontEnd(env, frontend, arrive).submit
+
     if w.source == "sessions":
         sessions, starts = _group_sessions(reqs)
         clients.append(SessionClients(env, sessions, starts, arrive, w.think_time_s))
@@ -550,8 +565,10 @@ def simulate(exp: Experiment, requests: list[Request] | None = None,
                 inst.jump.disable()
         env.process(clients[0].run())
     else:
-        routed = route_open_loop(cluster, reqs, frontend)
-        env.process(_open_loop_arrivals(env, reqs, arrive, routed, cluster, frontend.is_zero))
+        # an open-loop stream passes the front end before the run: the engines see it at its queue entries
+        stream = shift_to_engine(list(reqs), frontend) if not frontend.is_zero else reqs
+        routed = route_open_loop(cluster, stream, FrontEndCost())
+        env.process(_open_loop_arrivals(env, stream, arrive, routed, cluster, True))
     try:
         _run_env(env, run.horizon)
     except BaseException:
@@ -689,8 +706,10 @@ RDMA_NIC_BYTES_PER_S = 50e9
 
 
 def frontend_cost(exp: Experiment) -> FrontEndCost:
-    """The experiment's API-server times (``frontend``; lab/cluster/frontend.py). All zero by default."""
-    f = exp.frontend
+    """The experiment's API-server times (``frontend``; lab/cluster/frontend.py): each field set, else vLLM's for
+    ``engine.vllm_version`` (``FRONTEND_DEFAULTS``, public measurements)."""
+    d = FRONTEND_DEFAULTS[exp.engine.vllm_version]
+    f = exp.frontend.model_copy(update={k: d[k] for k in d if getattr(exp.frontend, k) is None})
     return FrontEndCost(f.request_s, f.per_prompt_token_s, f.per_output_token_s)
 
 

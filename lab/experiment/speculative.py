@@ -29,7 +29,8 @@ from lab.core.speculation import Speculator
 from lab.costmodel.base import CostModel
 from lab.costmodel.hardware import Hardware
 from lab.costmodel.model_arch import ModelArch, load_model, resolve_kv_dtype
-from lab.costmodel.speculative import Drafter, SpeculativeCostModel, make_drafter
+from lab.costmodel.spec_step import SpecDecodeCostModel, spec_capture_sizes  # noqa: F401 (used by simulation)
+from lab.costmodel.speculative import Drafter, make_drafter
 from lab.experiment.config import Experiment
 
 _EAGLE3_LLAMA = (0.7296, 0.5208 / 0.7296, 0.3545 / 0.5208)
@@ -140,17 +141,28 @@ def check_draft_tp(draft_tp: int | None, target_tp: int, draft: ModelArch) -> No
 
 
 def speculative_cost_model(exp: Experiment, target: CostModel, drafter: Drafter, hw: Hardware,
-                           build, cudagraph_sizes: tuple[int, ...]) -> SpeculativeCostModel:
-    """Wrap ``target`` with the drafter's cost; ``build(arch, tp)`` makes a cost model of the experiment's kind for
-    a drafter architecture on ``tp`` GPUs (no pipeline split: vLLM runs the drafter on the last PP rank)."""
+                           build, cudagraph_sizes: tuple[int, ...], model: ModelArch,
+                           async_scheduling: bool) -> SpecDecodeCostModel:
+    """The speculative step's cost (lab/costmodel/spec_step.py): ``target``, the rejection sampler and the
+    proposer's passes with their host launches; ``build(arch, tp)`` makes a cost model of the experiment's kind for
+    a drafter architecture on ``tp`` GPUs (no pipeline split: vLLM runs the drafter on the last PP rank). EAGLE and
+    MTP drafters run at the target's tensor-parallel size (and, MoE, its expert parallelism), as vLLM runs them;
+    a draft model at ``draft_tensor_parallel_size``."""
     spec = exp.speculative
     assert spec is not None
     drafter_cost = None
     if drafter.arch is not None:
         tp = spec.draft_tensor_parallel_size or exp.hardware.tensor_parallel_size
         drafter_cost = build(drafter.arch, tp if spec.method == "draft_model" else exp.hardware.tensor_parallel_size)
-    return SpeculativeCostModel(target, drafter_cost, spec.num_speculative_tokens, drafter.projections, hw,
-                                exp.model.dtype, cudagraph_sizes, spec.ngram_cpu_us_per_request * 1e-6)
+    every, first = drafter.projections, ()
+    if spec.method == "eagle3":  # combine_hidden_states (fc 3h -> h) runs once, on the target's hidden states
+        first = tuple(p for p in drafter.projections if p[0] == 3 * model.hidden_size)
+        every = tuple(p for p in drafter.projections if p[0] != 3 * model.hidden_size)
+    return SpecDecodeCostModel(target, drafter_cost, spec.method, spec.num_speculative_tokens, hw,
+                               model.hidden_size, model.vocab_size, exp.model.dtype, cudagraph_sizes,
+                               serial=spec.disable_padded_drafter_batch, async_scheduling=async_scheduling,
+                               ngram_cpu_s_per_request=spec.ngram_cpu_us_per_request * 1e-6,
+                               projections_every_pass=every, projections_first_pass=first)
 
 
 def num_lookahead_tokens(exp: Experiment) -> int:

@@ -122,8 +122,11 @@ def _no_chunking(exp: Experiment, sub: Experiment) -> bool:
 
 
 def _frontend(exp: Experiment, sub: Experiment) -> bool:
+    from lab.cluster.frontend import FRONTEND_DEFAULTS  # noqa: PLC0415
+
+    d = FRONTEND_DEFAULTS[exp.engine.vllm_version]
     f = exp.frontend
-    return bool(f.request_s or f.per_prompt_token_s or f.per_output_token_s)
+    return any((getattr(f, k) if getattr(f, k) is not None else d[k]) for k in d)
 
 
 def _session_router(exp: Experiment, sub: Experiment) -> bool:
@@ -242,6 +245,12 @@ REFUSALS: tuple[Refusal, ...] = (
             "sliding-window hybrid with sglang)",
             "servelab",
             when=lambda exp, sub: _recurrent(exp, sub) and sub.policy.scheduler == "sglang"),
+    Refusal(("spec", "async"),
+            "engine.async_scheduling: true with speculative.disable_padded_drafter_batch: true: vLLM's async "
+            "scheduling needs the padded drafter batch (the serial proposer reads the sampled tokens on the host); "
+            "leave async_scheduling unset (off) or false",
+            "vLLM 0.33: vllm/config/vllm.py (async_scheduling and disable_padded_drafter_batch)",
+            when=lambda exp, sub: sub.speculative is not None and sub.speculative.disable_padded_drafter_batch),
 )
 
 
