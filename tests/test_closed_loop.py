@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from lab.cluster.frontend import sent_time
+
 from lab.experiment.config import ConfigError, parse_experiment
 from lab.experiment.simulation import closed_loop_concurrency, simulate
 from lab.report.metrics import requests_frame
@@ -50,6 +52,8 @@ def _exp(fast_forward=True, **workload):
                                                         "output_tokens": {"kind": "constant", "value": 32},
                                                         **workload},
                              "model": {"name": "Llama-3.1-8B"},
+                             # the client's own times: no API-server time between it and the engine
+                             "frontend": {"request_s": 0.0, "per_prompt_token_s": 0.0, "per_output_token_s": 0.0},
                              "simulation": {"progress": False, "fast_forward": fast_forward}})
 
 
@@ -110,8 +114,8 @@ def test_a_vllm_bench_result_run_with_max_concurrency_is_replayed_closed_loop(tm
                             "model": {"name": "Llama-3.1-8B"}, "simulation": {"progress": False}})
     assert closed_loop_concurrency(exp) == 2
     res = simulate(exp)
-    arrivals = sorted(r.arrival_time for r in res.requests)
-    assert arrivals[:2] == [0.0, 0.0] and arrivals[2] > 0  # the third waits for a slot
+    sends = sorted(sent_time(r) for r in res.requests)  # the client's sends (the engine sees them after the front end)
+    assert sends[:2] == [0.0, 0.0] and sends[2] > 0  # the third waits for a slot
 
 
 def test_closed_loop_fields_need_a_concurrency():
@@ -143,7 +147,8 @@ def test_sessions_send_each_turn_after_the_previous_answer_and_reuse_the_convers
         "source": "sessions", "num_requests": 3, "rate": 1.0, "think_time_s": 0.5,
         "turns": {"kind": "constant", "value": 3}, "prompt_tokens": {"kind": "constant", "value": 200},
         "turn_tokens": {"kind": "constant", "value": 40}, "output_tokens": {"kind": "constant", "value": 20}},
-        "model": {"name": "Llama-3.1-8B"}, "engine": {"block_size": 16}, "simulation": {"progress": False}})
+        "model": {"name": "Llama-3.1-8B"}, "engine": {"block_size": 16}, "simulation": {"progress": False},
+        "frontend": {"request_s": 0.0, "per_prompt_token_s": 0.0, "per_output_token_s": 0.0}})
     res = simulate(exp)
     by_session: dict = {}
     for r in res.requests:

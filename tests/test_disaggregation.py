@@ -71,7 +71,8 @@ def test_ttft_decomposes_exactly_and_d_recomputes_one_token():
     res = simulate(_pd())
     df = requests_frame(res.requests)
     parts = df[PD_COLUMNS[2:9]].sum(axis=1)
-    assert (parts - df["ttft"]).abs().max() < 1e-9
+    assert (parts - df["engine_ttft"]).abs().max() < 1e-9  # the engine's TTFT; the client's adds the front end
+    assert ((df["ttft"] - df["engine_ttft"]) - (0.0102 + 1e-5 * df["prompt_tokens"])).abs().max() < 1e-9
     r = res.requests[0]
     t = r.remote.times
     assert t["d_arrived"] - t["p_done"] == pytest.approx(5e-3)  # the handover

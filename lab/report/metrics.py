@@ -238,8 +238,9 @@ def ttft_decomposition(r: Request) -> tuple:
     """A disaggregated request's TTFT in parts (seconds), :data:`PD_COLUMNS` order: queue on P, prefill on P,
     handover (P's output processing and the proxy hop), wait on D for blocks and the next schedule, the KV read,
     queue on D after the read, and D's first step (recompute of the last prompt token and its first token). Each
-    part is the gap between two successive marks, so they sum to first token - arrival; NaN where a mark was never
-    reached (not handed over, or unfinished)."""
+    part is the gap between two successive marks, so they sum to first token - arrival at the engine (the engine's
+    TTFT; the client's adds the front end's time in and out); NaN where a mark was never reached (not handed over,
+    or unfinished)."""
     nan = float("nan")
     remote = r.remote
     if remote is None:
