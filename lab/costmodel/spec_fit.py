@@ -9,9 +9,10 @@ speculation, 175.49 tok/s at k = 2 (mean acceptance length 1.89) and 165.65 at k
 lasts AL / throughput: 10.770 ms and 12.557 ms against 7.774 ms for a plain decode step. The V1 runner of that date
 scheduled synchronously and drafted on the host after the verify (the serial proposer), so the steps are modelled
 with ``vllm_version`` 0.11-style sync scheduling and ``disable_padded_drafter_batch``; the GPU is not stated
-(H100 assumed: servelab's plain batch-1 step of Llama-3.1-8B on H100, AIConfigurator's tables, is within 2 % of the
-measured 7.774 ms, an A100's would be ~45 % slower). With both passes host-bound, the extra time of a step over
-the plain step is
+(H100 assumed: servelab's plain batch-1 step of Llama-3.1-8B on H100 from AIConfigurator's tables, 8.45 ms with the
+engine's 0.93 ms of CPU time added as sync scheduling adds it, is 8.6 % above the measured 7.774 ms; an A100's
+would be far slower). The fit uses differences between steps, not their levels. With the passes host-bound, the
+extra time of a step over the plain step is
 
     verify's extra GPU time + rejection sampler + host_step_s + k · host_pass_s + last pass's GPU time
 
