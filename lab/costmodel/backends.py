@@ -16,7 +16,8 @@ model; vllm/envs.py for the MoE switches):
 - MLA: 0.19 and 0.33 list ``FLASH_ATTN_MLA, FLASHMLA, FLASHINFER_MLA, TRITON_MLA`` below 10.x and
   ``FLASHINFER_MLA, CUTLASS_MLA, FLASH_ATTN_MLA, FLASHMLA, TRITON_MLA`` on 10.x; the 0.11-era dict of priorities
   ranks ``CUTLASS_MLA`` first on 10.x and ``FLASHMLA`` first below it (``FLASH_ATTN_MLA`` came later), so 0.11
-  picks ``FLASHMLA`` on Hopper. ``TRITON_MLA`` elsewhere (Ampere, Ada, ROCm);
+  picks ``FLASHMLA`` on Hopper. ``TRITON_MLA`` elsewhere (Ampere, Ada, ROCm), and before 0.11 (the V0 engine had
+  neither FlashMLA nor FlashAttention's MLA kernels, both of 2025);
 - fused MoE: ``deep_gemm`` for block-scaled fp8 weights (DeepSeek-V3's checkpoint) on compute capability 9.x and
   10.x in 0.19 and 0.33 (``VLLM_USE_DEEP_GEMM`` and ``VLLM_MOE_USE_DEEP_GEMM`` default to 1 in their envs.py; the
   0.10-era envs.py defaults ``VLLM_USE_DEEP_GEMM`` to 0, so 0.11 runs ``triton``); ``triton`` (vLLM's fused_moe
@@ -106,18 +107,26 @@ _MOE_SUPPORT: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
 }
 
 
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
 def default_attention_backend(is_mla: bool, hw: Hardware, vllm_version: str = "0.33") -> str:
-    """The attention back-end vLLM picks for a model kind on a GPU in a version (module docstring)."""
+    """The attention back-end vLLM picks for a model kind on a GPU in a version (module docstring). Before 0.11
+    (the V0 engine of 0.6) vLLM had neither FlashMLA nor FlashAttention's MLA kernels (both 2025): ``TRITON_MLA``."""
     cc = compute_capability(hw)
     if cc is None:
         return "TRITON_MLA" if is_mla else "TRITON_ATTN"
     major = cc[0]
+    v = _version(vllm_version)
     if not is_mla:
         return "FLASHINFER" if major == 10 else "FLASH_ATTN"
+    if v < (0, 11):
+        return "TRITON_MLA"
     if major == 10:
-        return "CUTLASS_MLA" if vllm_version == "0.11" else "FLASHINFER_MLA"
+        return "CUTLASS_MLA" if v < (0, 19) else "FLASHINFER_MLA"
     if major == 9:
-        return "FLASHMLA" if vllm_version == "0.11" else "FLASH_ATTN_MLA"
+        return "FLASHMLA" if v < (0, 19) else "FLASH_ATTN_MLA"
     return "TRITON_MLA"
 
 
@@ -125,7 +134,7 @@ def default_moe_backend(weight_variant: str, hw: Hardware, vllm_version: str = "
     """The fused-MoE back-end vLLM picks for a weight format ("bf16", "fp8" per-tensor W8A8, "fp8_block"
     block-scaled) on a GPU in a version (module docstring)."""
     cc = compute_capability(hw)
-    if weight_variant == "fp8_block" and cc is not None and cc[0] in (9, 10) and vllm_version != "0.11":
+    if weight_variant == "fp8_block" and cc is not None and cc[0] in (9, 10) and _version(vllm_version) >= (0, 19):
         return "deep_gemm"
     return "triton"
 
