@@ -26,6 +26,7 @@ from lab.core.sched_api import Router, RouterBase, Scheduler, SchedulerBase
 # policies it uses: each module with an options model costs milliseconds of pydantic at start-up).
 _REGISTRY: dict[str, type | str] = {
     "vllm_v1": "policies.vllm_v1:VLLMV1Scheduler",
+    "vllm_v0": "policies.vllm_v0:VLLMV0Scheduler",
     "sarathi": "policies.sarathi:SarathiScheduler",
     "orca": "policies.orca:OrcaScheduler",
     "static": "policies.static_batching:StaticBatchingScheduler",

@@ -55,6 +55,21 @@ def tokens_to_run(config: SchedulerConfig, request: Request, num_computed: int, 
     return n
 
 
+def step_budget(config: SchedulerConfig) -> int:
+    """The token budget a schedule starts with (vLLM ``max_num_scheduled_tokens``): ``max_num_batched_tokens``, less
+    ``max_num_seqs`` x the drafter's slots per request when they are reserved up front (vLLM before PR #51725:
+    ``VllmConfig._set_max_num_scheduled_tokens``; ``draft_slot_budget: reserved``)."""
+    if config.draft_slot_budget == "reserved":
+        return config.max_num_batched_tokens - config.draft_slots_per_request * config.max_num_seqs
+    return config.max_num_batched_tokens
+
+
+def request_slots(config: SchedulerConfig) -> int:
+    """Budget slots each scheduled request takes besides its tokens: the drafter's slots per request when they
+    are charged per request (vLLM 0.33, PR #51725 "adaptive budget for spec scheduled tokens"), else 0."""
+    return config.draft_slots_per_request if config.draft_slot_budget == "per_request" else 0
+
+
 def admission_lookahead(config: SchedulerConfig, request: Request) -> int:
     """Lookahead slots a waiting request's admission allocates: none for a request with nothing computed (a new
     or recomputing one), ``num_lookahead_tokens`` for one that holds computed state (its remote KV arrived, or
@@ -84,13 +99,14 @@ class VLLMV1Scheduler(SchedulerBase):
     supports_speculation = True  # a running request computes its drafts with its last sampled token
     admits_kv_holding = True  # requests whose remote KV arrived are admitted before the waiting queue (0.33)
     supports_kv_offload = True  # waiting requests are looked up in the CPU tier after the GPU (OffloadingConnector)
+    skips_blocked_waiting = True  # engine.skip_blocked_waiting (schedule_waiting)
+    preempts_for_priority = True  # engine.priority_preemption: max_num_seqs (schedule_waiting)
 
     def schedule(self, engine: EngineView) -> SchedulerOutput:
         cfg = engine.config
         out = SchedulerOutput()
         num_requests = len(engine.running) + len(engine.waiting)
-        budget = self.schedule_running(engine, out, cfg.max_num_batched_tokens,
-                                       effective_threshold(cfg, num_requests))
+        budget = self.schedule_running(engine, out, step_budget(cfg), effective_threshold(cfg, num_requests))
         if not out.preempted:
             self.schedule_waiting(engine, out, budget, num_requests)
         return out
@@ -116,7 +132,8 @@ class VLLMV1Scheduler(SchedulerBase):
         if complete:
             return left
         start = running.index(reqs[done])  # a Request compares by identity
-        return self._schedule_running_from(engine, out, running, start, budget - sum(news[:done]), threshold)
+        return self._schedule_running_from(engine, out, running, start,
+                                           budget - sum(news[:done]) - done * request_slots(engine.config), threshold)
 
     @staticmethod
     def _plan_running(engine: EngineView, running: list, budget: int,
@@ -127,6 +144,7 @@ class VLLMV1Scheduler(SchedulerBase):
         gate = engine.pipeline_async  # async PP (V2 runner): a decode waits for its eligible scheduler step
         step_index = engine.num_scheduler_steps
         split = aligned_split(engine)  # a Mamba hybrid caching its state: prefill chunks end on block boundaries
+        slots = request_slots(cfg)  # the drafter's budget slots per scheduled request (draft models)
         reqs: list = []
         news: list[int] = []
         drafts: list[int] = []
@@ -135,14 +153,14 @@ class VLLMV1Scheduler(SchedulerBase):
                 break
             if r.status is not _RUNNING or (gate and r.next_decode_eligible_step > step_index):
                 continue
-            n = tokens_to_run(cfg, r, r.num_computed_tokens, budget, threshold, split)
+            n = tokens_to_run(cfg, r, r.num_computed_tokens, budget - slots, threshold, split)
             if n <= 0:
                 continue
             if r.num_spec_tokens:
                 drafts.append(len(reqs))
             reqs.append(r)
             news.append(n)
-            budget -= n
+            budget -= n + slots
         return reqs, news, drafts, budget
 
     def _schedule_running_from(self, engine: EngineView, out: SchedulerOutput, running: list, start: int,
@@ -155,19 +173,21 @@ class VLLMV1Scheduler(SchedulerBase):
         gate = engine.pipeline_async
         step_index = engine.num_scheduler_steps
         split = aligned_split(engine)
+        slots = request_slots(cfg)
         for r in running[start:]:
             if budget <= 0:
                 break
             if r.status is not _RUNNING or (gate and r.next_decode_eligible_step > step_index):
                 continue  # (preempted earlier in this step, or waiting for its eligible step)
-            n = tokens_to_run(cfg, r, r.num_computed_tokens, budget, threshold, split)
+            n = tokens_to_run(cfg, r, r.num_computed_tokens, budget - slots, threshold, split)
             if n <= 0:
                 continue
+            scheduled = len(out.requests)
             ok, refunded = allocate_or_preempt(engine, out, r, n, rule, lookahead)
-            budget += refunded
+            budget += refunded + slots * (scheduled - len(out.requests))  # victims un-scheduled: tokens and slots
             if ok:
                 out.add(r, n)
-                budget -= n
+                budget -= n + slots
                 if r.num_spec_tokens:
                     schedule_drafts(out, r, n)
         return budget
@@ -179,8 +199,8 @@ class VLLMV1Scheduler(SchedulerBase):
         cfg = engine.config
         if cfg.long_prefill_token_threshold:
             return None
-        n = tokens_to_run(cfg, request, num_computed_tokens, cfg.max_num_batched_tokens - num_scheduled_tokens, 0,
-                          aligned_split(engine))
+        n = tokens_to_run(cfg, request, num_computed_tokens,
+                          step_budget(cfg) - num_scheduled_tokens - request_slots(cfg), 0, aligned_split(engine))
         return n if n > 0 else 0
 
     def decode_preemption_reason(self, engine: EngineView, requester: Request) -> str | None:
@@ -206,7 +226,7 @@ class VLLMV1Scheduler(SchedulerBase):
         drafts (vLLM 0.33 ``pad_new_one_token_requests``). With ``num_hit_tokens`` unknown a prompt over the budget
         may still be shortened by a hit: None then."""
         cfg = engine.config
-        budget = cfg.max_num_batched_tokens - num_scheduled_tokens
+        budget = step_budget(cfg) - num_scheduled_tokens - request_slots(cfg)
         if num_running >= cfg.max_num_seqs or budget <= 0:
             return WAITS
         hit = num_hit_tokens or 0
@@ -230,14 +250,29 @@ class VLLMV1Scheduler(SchedulerBase):
 
     def schedule_waiting(self, engine: EngineView, out: SchedulerOutput, budget: int, num_requests: int) -> int:
         """Phase 2: admit waiting requests in queue order (:meth:`admission`); stops at the first that waits or
-        whose blocks do not fit. ``num_requests``: running + waiting when the schedule began."""
+        whose blocks do not fit (head-of-line blocking), unless ``skip_blocked_waiting`` lets it pass over that many
+        such requests (they keep their places). With ``priority_preemption: max_num_seqs`` a full running list does
+        not stop a waiting request of strictly higher priority: the lowest-priority running request is preempted
+        for it (:meth:`_priority_victim`). ``num_requests``: running + waiting when the schedule began."""
         cfg = engine.config
         running = engine.running
+        slots = request_slots(cfg)
+        start = step_budget(cfg)
+        skipped = 0  # waiting requests passed over in this schedule
         while budget > 0:
             if len(running) >= cfg.max_num_seqs:
-                out.waiting_blocked = True
-                break
-            r = next_waiting(engine)
+                victim = self._priority_victim(engine, skipped)
+                if victim is None:
+                    out.waiting_blocked = True
+                    break
+                scheduled = len(out.requests)
+                budget += out.remove(victim)
+                budget += slots * (scheduled - len(out.requests))
+                engine.preempt(victim, reason=f"priority: a waiting request of priority lower than {victim.priority} "
+                                              f"and max_num_seqs ({cfg.max_num_seqs}) full")
+                out.preempted.append(victim)
+                continue
+            r = self._candidate(engine, skipped)
             if r is None:
                 break
             hits, num_hit = lookup(engine, r)
@@ -249,21 +284,67 @@ class VLLMV1Scheduler(SchedulerBase):
                 if loading is not None:
                     if loading:
                         continue
+                    if self._may_skip(engine, skipped):
+                        skipped += 1
+                        continue
                     break
-            adm = self.admission(engine, r, num_hit, len(running), cfg.max_num_batched_tokens - budget, num_requests)
+            adm = self.admission(engine, r, num_hit, len(running), start - budget, num_requests)
             if adm is None or not adm.num_new_tokens:  # (None: a policy of its own that cannot tell stops here)
+                if adm is not None and budget - slots > 0 and self._may_skip(engine, skipped):
+                    skipped += 1  # its prompt does not fit the budget left (chunked prefill off)
+                    continue
                 break
             n = adm.num_new_tokens + adm.num_padded_drafts
             if not allocate_waiting(engine, r, n, hits, num_hit, num_lookahead_tokens=adm.num_lookahead_tokens,
                                     full_sequence_must_fit=adm.full_sequence_must_fit,
                                     reserved_blocks=adm.reserved_blocks):
+                if self._may_skip(engine, skipped):
+                    skipped += 1
+                    continue
                 out.waiting_blocked = True  # by KV: it needs no fewer blocks while the batch only decodes
                 break
             take_waiting(engine, r)
             engine.admit(r, num_hit)
             out.add(r, n)
-            budget -= n
+            budget -= n + slots
             if adm.num_padded_drafts:
                 out.num_spec_tokens[r] = adm.num_padded_drafts
                 out.padded_drafts.add(r)
         return budget
+
+    @staticmethod
+    def _candidate(engine: EngineView, skipped: int) -> Request | None:
+        """The next request phase 2 tries: the next waiting one (:func:`policies.common.next_waiting`), or, after
+        ``skipped`` requests were passed over, the one behind them in the waiting queue's order; None when none."""
+        if not skipped:
+            return next_waiting(engine)
+        ahead = engine.waiting.first(skipped + 1)
+        return ahead[skipped] if len(ahead) > skipped else None
+
+    @staticmethod
+    def _may_skip(engine: EngineView, skipped: int) -> bool:
+        """Whether admission may pass over the request it could not admit (``skip_blocked_waiting``); never a
+        request holding KV that arrived (those are admitted first, in order)."""
+        return skipped < engine.config.skip_blocked_waiting and not engine.kv_holding
+
+    @staticmethod
+    def _priority_victim(engine: EngineView, skipped: int) -> Request | None:
+        """Under ``priority_preemption: max_num_seqs`` with the priority queue and ``max_num_seqs`` full: the running
+        request the next waiting one preempts, the lowest-priority one (largest ``(priority, arrival_time)``), when
+        the waiting one's priority value is strictly lower (vLLM PR #54530, open: equal priorities never preempt each
+        other, or a preempted request, earlier by arrival, would take its slot back at once); else None."""
+        cfg = engine.config
+        if cfg.priority_preemption != "max_num_seqs" or cfg.queue_policy != "priority":
+            return None
+        head = VLLMV1Scheduler._candidate(engine, skipped)
+        running = [r for r in engine.running if r.status is _RUNNING]
+        if head is None or not running:
+            return None
+        victim = max(running, key=lambda q: (q.priority, q.arrival_time, q.index))
+        return victim if head.priority < victim.priority else None
+
+    def fast_forward_allowed(self, config: SchedulerConfig) -> bool:
+        """No jump when admission may pass over a blocked head (``skip_blocked_waiting``) or a waiting request may
+        preempt a running one (``priority_preemption`` under the priority queue): the jump plans neither."""
+        return not config.skip_blocked_waiting and not (config.priority_preemption != "none"
+                                                         and config.queue_policy == "priority")

@@ -777,3 +777,47 @@ def test_the_last_victim_rule_preempts_from_the_back_until_the_decode_fits():
     assert _last_victims([True, False, True, True], [4, 4, 0, 0], 0) == [(0, 3), (0, 2), (0, 1)]
     # the last request needs a block and finds none: it preempts itself
     assert _last_victims([False, True], [3, 0], 0) == [(1, 1)]
+
+
+# ---- issue 41: the scheduler knobs (vLLM V0 era, admission past a blocked head, priority preemption) ----
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=request_spec, blocks=st.sampled_from([40, 60, 120, 400]), seqs=st.sampled_from([2, 6, 16]),
+       mbt=st.sampled_from([32, 256]), caching=st.booleans(), cpu=st.sampled_from([0.0, 0.002]),
+       preemption=st.sampled_from(["recompute", "swap"]))
+def test_fast_forward_equals_step_by_step_under_vllm_v0_chunked_prefill(spec, blocks, seqs, mbt, caching, cpu,
+                                                                      preemption):
+    # vLLM V0 with chunked prefill: decodes first, prompt chunks, whole-prompt KV at admission (the jump plans it
+    # from VLLMV0Scheduler.admission / running_tokens)
+    assert_same(spec, version="0.6", blocks=blocks, seqs=seqs, mbt=mbt, caching=caching, cpu=cpu,
+                preemption=preemption, chunked=True)
+
+
+def test_fast_forward_jumps_under_vllm_v0_chunked_prefill():
+    spec = [(0.0, 300, 400, None), (0.001, 200, 300, None), (0.002, 100, 350, None)]
+    res = assert_same(spec, version="0.6", chunked=True, mbt=64)
+    assert sum(i.jump.jumped_steps for i in res.instances) > 300
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=request_spec, blocks=st.sampled_from([40, 60, 120]), seqs=st.sampled_from([2, 4, 16]),
+       queue=st.sampled_from(["fcfs", "priority"]), partial=st.sampled_from([1, 3]))
+def test_fast_forward_equals_step_by_step_under_vllm_v0_without_chunking_and_with_partial_prefills(
+        spec, blocks, seqs, queue, partial):
+    # prefill-only steps (no chunking), V0's priority preemption and concurrent partial prefills: the jump is off
+    # for them (fast_forward_allowed), so both runs go step by step
+    if partial > 1:
+        assert_same(spec, version="0.6", blocks=blocks, seqs=seqs, chunked=True, mbt=64, queue=queue,
+                    engine={"max_num_partial_prefills": partial, "long_prefill_token_threshold": 100})
+    else:
+        assert_same(spec, version="0.6", blocks=blocks, seqs=seqs, chunked=False, mbt=320, queue=queue,
+                    engine={"max_model_len": 320})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=st.lists(st.tuples(st.floats(0.0005, 0.2), st.integers(1, 300), st.integers(1, 160), st.none(),
+                               st.integers(0, 3)), min_size=1, max_size=30),
+       blocks=st.sampled_from([40, 60, 120]), seqs=st.sampled_from([2, 4]), skip=st.sampled_from([0, 2]),
+       priority=st.sampled_from(["none", "max_num_seqs"]))
+def test_fast_forward_equals_step_by_step_with_the_admission_knobs(spec, blocks, seqs, skip, priority):
+    assert_same(spec, blocks=blocks, seqs=seqs, queue="priority",
+                engine={"skip_blocked_waiting": skip, "priority_preemption": priority})

@@ -48,6 +48,24 @@ class SchedulerConfig:
         preemption_requeue: where a preempted request goes back in the waiting queue: "auto" (the policy's
             own choice; the engine's default is the head), "head" or "tail" (a priority queue orders it by
             priority either way).
+        skip_blocked_waiting: waiting requests admission may pass over, in one schedule, when the one in front of
+            them cannot be admitted (its KV blocks do not fit, or, chunked prefill off, its prompt exceeds the
+            budget left); they keep their places. 0 = head-of-line blocking (every vLLM version and SGLang).
+        priority_preemption: what a waiting request of higher priority does to running ones under the priority
+            queue: "none" (it waits; vLLM V1), "max_num_seqs" (it preempts the lowest-priority running request when
+            ``max_num_seqs`` is full and its priority value is strictly lower; the open vLLM PR #54530), "v0"
+            (vLLM V0's ``_schedule_priority_preemption``: the head preempts lower-priority running requests while
+            it cannot be scheduled, by slots, budget or KV).
+        draft_slots_per_request: token-budget slots a scheduled request takes for its drafter beyond its own
+            tokens (vLLM ``SpeculativeConfig.max_num_new_slots_for_drafting``: 1 for a draft model, 0 for EAGLE,
+            MTP and n-gram).
+        draft_slot_budget: how those slots are charged: "per_request" (each scheduled request's, vLLM 0.33, PR
+            #51725) or "reserved" (``max_num_seqs`` x slots taken off the budget up front, vLLM before it:
+            ``VllmConfig._set_max_num_scheduled_tokens``).
+        max_num_partial_prefills, max_long_partial_prefills: vLLM V0's concurrent partial prefills (0.7.0 to the
+            last V0; V1 never enforced them): at most this many prompts in chunked prefill in one step, and at
+            most this many of them longer than ``long_prefill_token_threshold`` (1 = off).
+        v0_watermark: the fraction of blocks vLLM V0's block manager keeps free when admitting (0.01).
     """
 
     max_num_batched_tokens: int = 8192
@@ -65,6 +83,13 @@ class SchedulerConfig:
     preemption_mode: str = "recompute"
     preemption_victim: str = "auto"
     preemption_requeue: str = "auto"
+    skip_blocked_waiting: int = 0
+    priority_preemption: str = "none"
+    draft_slots_per_request: int = 0
+    draft_slot_budget: str = "per_request"
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int = 1
+    v0_watermark: float = 0.01
 
 
 @dataclass(slots=True)
@@ -253,8 +278,12 @@ class Scheduler(Protocol):
     supports_speculation: bool
     admits_kv_holding: bool
     supports_kv_offload: bool
+    skips_blocked_waiting: bool
+    preempts_for_priority: bool
 
     def make_queue(self, config: SchedulerConfig) -> WaitingQueue: ...
+
+    def fast_forward_allowed(self, config: SchedulerConfig) -> bool: ...
 
     def max_step_tokens(self, config: SchedulerConfig) -> int | None: ...
 
@@ -293,6 +322,11 @@ class SchedulerBase:
     - ``supports_kv_offload``: the policy looks waiting requests up in ``EngineView.kv_offload`` (the CPU tier)
       after their GPU prefix hit and starts their loads (policies/common.py ``start_cpu_load``); KV offloading is
       refused with a policy that does not.
+    - ``skips_blocked_waiting``: the policy honours ``SchedulerConfig.skip_blocked_waiting`` (admission past a
+      blocked waiting request); ``engine.skip_blocked_waiting`` is refused with a policy that does not.
+    - ``preempts_for_priority``: the policy honours ``SchedulerConfig.priority_preemption`` (a waiting request of
+      higher priority preempting running ones); refused with a policy that does not.
+    - :meth:`fast_forward_allowed`: whether the jump stays exact under a configuration (default True).
     - :meth:`make_queue`: the waiting queue the policy wants (default: FCFS or priority by ``config.queue_policy``).
     - :meth:`max_step_tokens`: the most tokens one of its steps may hold (default ``max_num_batched_tokens``;
       None for a policy with a budget of its own, e.g. Orca's whole prompts).
@@ -311,10 +345,18 @@ class SchedulerBase:
     supports_speculation = False
     admits_kv_holding = False
     supports_kv_offload = False
+    skips_blocked_waiting = False
+    preempts_for_priority = False
 
     def make_queue(self, config: SchedulerConfig) -> WaitingQueue:
         """The waiting queue of an instance run by this policy."""
         return make_queue(config.queue_policy)
+
+    def fast_forward_allowed(self, config: SchedulerConfig) -> bool:
+        """Whether a policy that ``supports_fast_forward`` keeps that promise under ``config`` (default True): a
+        knob whose decision the jump cannot ask about (admission past a blocked head, a waiting request preempting
+        a running one) turns the jump off for the instance."""
+        return True
 
     def max_step_tokens(self, config: SchedulerConfig) -> int | None:
         """Tokens one step may hold at most (the engine checks every step against it); None = no cap."""

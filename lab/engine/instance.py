@@ -162,7 +162,7 @@ class Instance:
         # fast-forward (lab/engine/jump/): drafts are drawn step by step, and PP, a lock-step group's loop and a
         # recorded cost breakdown run step by step too
         self.jump = JumpContext(self, opt.fast_forward and not opt.record_breakdown and scheduler.supports_fast_forward
-                                and pp == 1 and start and acceptance is None)
+                                and scheduler.fast_forward_allowed(config) and pp == 1 and start and acceptance is None)
         self.process = env.process(self._loop()) if start else None
 
     # ---- the EngineView a scheduler sees ----

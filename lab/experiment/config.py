@@ -241,12 +241,28 @@ class EngineConfig(_Strict):
     block_size: int = Field(16, ge=1)
     num_gpu_blocks: int | None = Field(None, ge=2, description="measured block count; default: derived")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="default: 0.92 (0.33), 0.9 before")
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool | None = Field(
+        None, description="default: true; vllm_version 0.6 (V0): true only above a 32K max_model_len")
+    enable_prefix_caching: bool | None = Field(None, description="default: true; vllm_version 0.6 (V0): false")
     disable_hybrid_kv_cache_manager: bool = Field(
         False, description="vLLM --disable-hybrid-kv-cache-manager: a hybrid model's sliding-window and chunked "
         "layers keep KV for every token, as full attention (docs/hybrid_models.md)")
     long_prefill_token_threshold: int = Field(0, ge=0)
+    max_num_partial_prefills: int = Field(
+        1, ge=1, description="vLLM V0 (vllm_version 0.6): prompts in chunked prefill at once (1 = off); V1 never "
+        "enforced it")
+    max_long_partial_prefills: int = Field(
+        1, ge=1, description="vLLM V0: of those, prompts longer than long_prefill_token_threshold (default then 4 % "
+        "of max_model_len)")
+    skip_blocked_waiting: int = Field(
+        0, ge=0, description="waiting requests admission may pass over in one step when the one in front cannot be "
+        "admitted; 0 = head-of-line blocking, as every vLLM and SGLang")
+    priority_preemption: Literal["none", "max_num_seqs", "v0"] | None = Field(
+        None, description="what a higher-priority waiting request does to running ones (policy.queue priority); "
+        "default: v0 for vllm_version 0.6, none after")
+    draft_slot_budget: Literal["per_request", "reserved"] | None = Field(
+        None, description="how a draft model's extra slot per request is charged to the token budget; default: "
+        "per_request (0.33), reserved (before)")
     scheduler_reserve_full_isl: bool | None = Field(None, description="default: True (0.19 and later)")
     watermark: float = Field(0.0, ge=0, lt=1)
     async_scheduling: bool | None = Field(None, description="default: True (0.19 and later)")
@@ -261,7 +277,8 @@ class EngineConfig(_Strict):
             raise ValueError(f"every CUDA-graph capture size must be >= 1 (a token count)")
         return v
     cpu_overhead: CPUOverheadConfig = CPUOverheadConfig()
-    vllm_version: Literal["0.33", "0.19", "0.11"] = Field("0.33", description="behaviour set of this vLLM era")
+    vllm_version: Literal["0.33", "0.19", "0.11", "0.6"] = Field("0.33", description="behaviour set of this vLLM era "
+                                                                 "(0.6: the V0 engine)")
     attention_backend: Literal["FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA",
                                "CUTLASS_MLA", "FLASHINFER_MLA"] | None = Field(
         None, description="vLLM --attention-backend: the attention kernels the operator cost model prices "
@@ -288,6 +305,26 @@ class EngineConfig(_Strict):
     @classmethod
     def _version_as_text(cls, v):
         return str(v) if isinstance(v, (int, float)) else v
+
+    @model_validator(mode="after")
+    def _partial_prefills(self) -> "EngineConfig":
+        if self.max_long_partial_prefills > self.max_num_partial_prefills:
+            raise ValueError(f"max_long_partial_prefills ({self.max_long_partial_prefills}) must be <= "
+                             f"max_num_partial_prefills ({self.max_num_partial_prefills}), as vLLM requires")
+        return self
+
+    def prefix_caching(self) -> bool:
+        """``enable_prefix_caching`` as in force: its value, else the era's default (off in V0, on in V1)."""
+        if self.enable_prefix_caching is not None:
+            return self.enable_prefix_caching
+        return self.vllm_version != "0.6"
+
+    def chunked_prefill(self, max_model_len: int) -> bool:
+        """``enable_chunked_prefill`` as in force for a ``max_model_len``: its value, else on in V1 and, in V0 (vLLM
+        0.6 ``EngineArgs.create_engine_config``), only for a ``max_model_len`` above 32K."""
+        if self.enable_chunked_prefill is not None:
+            return self.enable_chunked_prefill
+        return self.vllm_version != "0.6" or max_model_len > 32768
 
 
 class PreemptionConfig(_Strict):
@@ -943,3 +980,10 @@ def parse_set_option(items: list[str]) -> dict:
 
 def _one_line_yaml(e: yaml.YAMLError) -> str:
     return " ".join(str(e).split())
+
+
+def scheduler_name(exp: Experiment) -> str:
+    """The scheduler an experiment (or one pool's view of it) runs: ``policy.scheduler``, where ``vllm_v1`` under
+    ``engine.vllm_version: "0.6"`` is vLLM V0's scheduler (``vllm_v0``, policies/vllm_v0.py): the era selects it."""
+    name = exp.policy.scheduler
+    return "vllm_v0" if name == "vllm_v1" and exp.engine.vllm_version == "0.6" else name

@@ -16,7 +16,7 @@ from lab.cluster.cluster import Cluster, HandOff, Pool
 from lab.cluster.frontend import FRONTEND_DEFAULTS, FrontEnd, FrontEndCost, shift_to_engine
 from lab.cluster.transfer import TransferCost
 from lab.cluster.lockstep import LockStepGroup
-from lab.experiment.config import Experiment, pool_experiments
+from lab.experiment.config import Experiment, pool_experiments, scheduler_name
 from lab.experiment.support import check_composition
 from lab.costmodel.base import CostModel
 from lab.costmodel.hardware import Hardware, load_hardware
@@ -27,6 +27,7 @@ from lab.costmodel.model_arch import ModelArch, load_model, resolve_kv_dtype
 from lab.costmodel.parallel import Parallelism
 from lab.costmodel.roofline import Efficiency, RooflineCostModel
 from lab.costmodel.speculative import Drafter
+from lab.costmodel.batch_expansion import BatchExpansionCostModel
 from lab.experiment import speculative as spec_setup
 from lab.core.step_log import ROW_BUDGET, SpillFolder, StepLog, rows_per_log
 from lab.engine.jump import KnownArrivals
@@ -43,14 +44,39 @@ from policies import make_router, make_scheduler
 
 
 # Behaviour that changed between vLLM releases (shared/specs/vllm-v1-scheduling.md marks the legacy forms).
+# priority_preemption: V0's _schedule_priority_preemption (vLLM PR #5958, 0.6.2); V1 never preempts for a waiting
+# request (issue #40004, open). draft_slot_budget: a draft model's slot per request charged per scheduled request
+# since vLLM PR #51725 (Aug 2026), max_num_seqs x slots reserved before (VllmConfig._set_max_num_scheduled_tokens).
+# "0.6" is the V0 engine (policies/vllm_v0.py): no async scheduling, no full-sequence gate, prefix caching and (up to
+# a 32K max_model_len) chunked prefill off (EngineConfig.prefix_caching / chunked_prefill), V0's batch defaults.
 VERSION_DEFAULTS = {
     "0.33": {"gpu_memory_utilization": 0.92, "async_scheduling": True, "scheduler_reserve_full_isl": True,
-             "threshold_only_when_contended": True, "prepend_unhashed": True},
+             "threshold_only_when_contended": True, "prepend_unhashed": True, "priority_preemption": "none",
+             "draft_slot_budget": "per_request"},
     "0.19": {"gpu_memory_utilization": 0.9, "async_scheduling": True, "scheduler_reserve_full_isl": True,
-             "threshold_only_when_contended": False, "prepend_unhashed": False},
+             "threshold_only_when_contended": False, "prepend_unhashed": False, "priority_preemption": "none",
+             "draft_slot_budget": "reserved"},
     "0.11": {"gpu_memory_utilization": 0.9, "async_scheduling": False, "scheduler_reserve_full_isl": False,
-             "threshold_only_when_contended": False, "prepend_unhashed": False},
+             "threshold_only_when_contended": False, "prepend_unhashed": False, "priority_preemption": "none",
+             "draft_slot_budget": "reserved"},
+    "0.6": {"gpu_memory_utilization": 0.9, "async_scheduling": False, "scheduler_reserve_full_isl": False,
+            "threshold_only_when_contended": False, "prepend_unhashed": False, "priority_preemption": "v0",
+            "draft_slot_budget": "reserved"},
 }
+
+
+def draft_slots_per_request(exp: Experiment) -> int:
+    """vLLM's ``SpeculativeConfig.max_num_new_slots_for_drafting`` for the methods servelab models: 1 for a draft
+    model (its first pass takes one more position per request: the draft tokens are not sliced), 0 for EAGLE,
+    EAGLE-3, MTP and n-gram (the parallel drafters that take k - 1 more are not modelled)."""
+    spec = exp.speculative
+    return 1 if spec is not None and spec.method == "draft_model" else 0
+
+
+def v0_batch_defaults(max_model_len: int, chunked: bool) -> tuple[int, int]:
+    """vLLM V0's (0.6) default (max_num_batched_tokens, max_num_seqs): 512 with chunked prefill, else
+    max(max_model_len, 2048); 256 sequences (vllm/config.py ``SchedulerConfig``, 0.6.x)."""
+    return (512 if chunked else max(max_model_len, 2048)), 256
 
 
 def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -240,7 +266,9 @@ def build_deployment(exp: Experiment, kv_connector: bool = False) -> Deployment:
     spec = exp.speculative
     drafter = spec_setup.make_experiment_drafter(exp, model) if spec is not None else None
     max_model_len = e.max_model_len or model.max_position_embeddings
-    default_mbt, default_seqs = batch_defaults(hw)
+    chunked = e.chunked_prefill(max_model_len)
+    default_mbt, default_seqs = (v0_batch_defaults(max_model_len, chunked) if e.vllm_version == "0.6"
+                                 else batch_defaults(hw))
     mbt = e.max_num_batched_tokens or default_mbt
     max_num_seqs = e.max_num_seqs or default_seqs
     if mbt < max_num_seqs and budgeted_by_max_num_batched_tokens(exp):
@@ -248,10 +276,10 @@ def build_deployment(exp: Experiment, kv_connector: bool = False) -> Deployment:
         raise ValueError(f"engine.max_num_batched_tokens ({mbt}) must be >= engine.max_num_seqs ({max_num_seqs}"
                          f"{default}), as vLLM requires (every running request must be able to take one token per "
                          "step)")
-    if not e.enable_chunked_prefill and e.max_num_batched_tokens is not None and mbt < max_model_len:
+    if not chunked and e.max_num_batched_tokens is not None and mbt < max_model_len:
         raise ValueError(f"engine.max_num_batched_tokens ({mbt}) is below max_model_len ({max_model_len}) with "
                          "enable_chunked_prefill false: vLLM refuses it (no prompt longer than the budget could run)")
-    if not e.enable_chunked_prefill and mbt < max_model_len:
+    if not chunked and mbt < max_model_len:
         mbt = max_model_len  # vLLM raises the budget to max_model_len when chunking is off
     layout, prefix_caching = hybrid_kv_layout(exp, model, kv_dtype, max_model_len,
                                               kv_connector or exp.deployment.mode == "disaggregated")
@@ -273,9 +301,18 @@ def build_deployment(exp: Experiment, kv_connector: bool = False) -> Deployment:
         blocks, capacity = e.num_gpu_blocks, None
     else:
         blocks, capacity = derived.num_gpu_blocks, derived  # type: ignore[union-attr]
+    threshold = e.long_prefill_token_threshold
+    if e.max_num_partial_prefills > 1 and not threshold:  # vLLM V0: 4 % of max_model_len (vllm/config.py)
+        threshold = int(max_model_len * 0.04)
+    slots = draft_slots_per_request(exp)
+    slot_budget = pick("draft_slot_budget")
+    if slots and slot_budget == "reserved" and mbt - slots * max_num_seqs <= 0:
+        raise ValueError(f"engine.max_num_batched_tokens ({mbt}) leaves no budget after the draft model's slot for "
+                         f"each of max_num_seqs ({max_num_seqs}) requests (draft_slot_budget reserved; vLLM "
+                         "VllmConfig._set_max_num_scheduled_tokens refuses it)")
     sched = SchedulerConfig(
         max_num_batched_tokens=mbt, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-        enable_chunked_prefill=e.enable_chunked_prefill, long_prefill_token_threshold=e.long_prefill_token_threshold,
+        enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
         threshold_only_when_contended=ver["threshold_only_when_contended"],
         scheduler_reserve_full_isl=pick("scheduler_reserve_full_isl"),
         watermark=e.watermark, queue_policy=exp.policy.queue,
@@ -283,8 +320,13 @@ def build_deployment(exp: Experiment, kv_connector: bool = False) -> Deployment:
         preemption_requeue=exp.policy.preemption.requeue,
         num_lookahead_tokens=spec_setup.num_lookahead_tokens(exp),
         num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
-        pad_new_one_token_requests=spec is not None and e.vllm_version == "0.33")
+        pad_new_one_token_requests=spec is not None and e.vllm_version == "0.33",
+        skip_blocked_waiting=e.skip_blocked_waiting, priority_preemption=pick("priority_preemption"),
+        draft_slots_per_request=slots, draft_slot_budget=slot_budget,
+        max_num_partial_prefills=e.max_num_partial_prefills, max_long_partial_prefills=e.max_long_partial_prefills)
     cost = build_cost_model(exp, model, hw)
+    if drafter is not None and e.vllm_version == "0.6":  # V0 scores drafts by batch expansion
+        cost = BatchExpansionCostModel(cost)
     sizes: tuple[int, ...] = ()
     if e.cudagraph:
         sizes = tuple(sorted(e.cudagraph_capture_sizes)) if e.cudagraph_capture_sizes else default_capture_sizes(max_num_seqs)
@@ -325,13 +367,13 @@ def hybrid_kv_layout(exp: Experiment, model: ModelArch, kv_dtype: str, max_model
     """
     e = exp.engine
     if not model.is_hybrid:
-        return None, e.enable_prefix_caching
+        return None, e.prefix_caching()
     ver = e.vllm_version
     connector_off = kv_connector and not VERSION_RULES[ver]["hma_with_connector"]
     manager = not e.disable_hybrid_kv_cache_manager and not connector_off
     has_state = model.count_layers("linear_attention", "mamba") > 0
-    caching = (mamba_prefix_caching(ver, e.enable_prefix_caching, "enable_prefix_caching" in e.model_fields_set)
-               if has_state else e.enable_prefix_caching)
+    caching = (mamba_prefix_caching(ver, e.prefix_caching(), e.enable_prefix_caching is not None)
+               if has_state else e.prefix_caching())
     spec = exp.speculative
     extra = 0
     if spec is not None and spec.method in ("eagle", "eagle3"):
@@ -363,7 +405,7 @@ def budgeted_by_max_num_batched_tokens(exp: Experiment) -> bool:
     """Whether the experiment's scheduler caps its steps at ``max_num_batched_tokens`` (vLLM-style policies; SGLang,
     Orca and static batching budget differently, so vLLM's rules on that budget do not apply to them)."""
     probe = SchedulerConfig(max_num_batched_tokens=1)
-    return make_scheduler(exp.policy.scheduler, exp.base_dir, exp.policy.options, exp.seed).max_step_tokens(probe) \
+    return make_scheduler(scheduler_name(exp), exp.base_dir, exp.policy.options, exp.seed).max_step_tokens(probe) \
         is not None
 
 
@@ -708,7 +750,7 @@ RDMA_NIC_BYTES_PER_S = 50e9
 def frontend_cost(exp: Experiment) -> FrontEndCost:
     """The experiment's API-server times (``frontend``; lab/cluster/frontend.py): each field set, else vLLM's for
     ``engine.vllm_version`` (``FRONTEND_DEFAULTS``, public measurements)."""
-    d = FRONTEND_DEFAULTS[exp.engine.vllm_version]
+    d = FRONTEND_DEFAULTS.get(exp.engine.vllm_version) or FRONTEND_DEFAULTS["0.11"]  # (V0: the oldest measured era)
     f = exp.frontend.model_copy(update={k: d[k] for k in d if getattr(exp.frontend, k) is None})
     return FrontEndCost(f.request_s, f.per_prompt_token_s, f.per_output_token_s)
 
@@ -762,7 +804,7 @@ def _build_instances(env: simpy.Environment, exp: Experiment, dep: Deployment, r
                             drop_last_hit_block=spec_setup.drops_last_hit_block(exp),
                             hybrid=HybridKV(dep.kv_layout.runtime_spec(dep.scheduler_config.max_num_batched_tokens),
                                             spec_setup.drops_last_hit_block(exp)) if hybrid else None)
-        scheduler = make_scheduler(exp.policy.scheduler, exp.base_dir, exp.policy.options, exp.seed)
+        scheduler = make_scheduler(scheduler_name(exp), exp.base_dir, exp.policy.options, exp.seed)
         inst = Instance(env, i, dep.scheduler_config, scheduler, kv, dep.cost_model, itl, on_done,
                         record_events=run.record_events, options=options, pool=pool, start=own_loop,
                         acceptance=spec_setup.make_speculator(exp, dep.model))
@@ -810,7 +852,7 @@ def make_kv_offloader(exp: Experiment, dep: Deployment) -> KVOffloader:
         raise ValueError(f"{field}: holds no KV block ({bpb * world:,} bytes per block over {world} GPU(s))")
     return KVOffloader(blocks, e.block_size, bpb, world, dep.hardware.pcie_bandwidth, dep.hardware.pcie_latency_s,
                        max_concurrent_loads=dep.scheduler_config.max_num_seqs,
-                       dedupe_loads=e.enable_prefix_caching)
+                       dedupe_loads=e.prefix_caching())
 
 
 def _run_env(env: simpy.Environment, horizon: float | None) -> None:

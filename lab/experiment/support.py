@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from lab.experiment.config import ConfigError, Experiment, pool_experiments
+from lab.experiment.config import ConfigError, Experiment, pool_experiments, scheduler_name
 
 # A feature's test: (the whole experiment, one pool's view of it) -> on or off in that pool.
 Test = Callable[[Experiment, Experiment], bool]
@@ -114,17 +114,38 @@ def _priority(exp: Experiment, sub: Experiment) -> bool:
 
 
 def _prefix_caching(exp: Experiment, sub: Experiment) -> bool:
-    return sub.engine.enable_prefix_caching
+    return sub.engine.prefix_caching()
 
 
 def _no_chunking(exp: Experiment, sub: Experiment) -> bool:
-    return not sub.engine.enable_chunked_prefill
+    return sub.engine.enable_chunked_prefill is False
+
+
+def _v0(exp: Experiment, sub: Experiment) -> bool:
+    return sub.engine.vllm_version == "0.6"
+
+
+def _partial_prefills(exp: Experiment, sub: Experiment) -> bool:
+    return sub.engine.max_num_partial_prefills > 1
+
+
+def _skip_blocked(exp: Experiment, sub: Experiment) -> bool:
+    return sub.engine.skip_blocked_waiting > 0
+
+
+def _priority_preemption(exp: Experiment, sub: Experiment) -> bool:
+    """A waiting request may preempt running ones: the priority queue with priority_preemption other than none
+    (V0's rule is the default for vllm_version 0.6)."""
+    p = sub.engine.priority_preemption
+    if p is None:
+        p = "v0" if sub.engine.vllm_version == "0.6" else "none"
+    return sub.policy.queue == "priority" and p != "none"
 
 
 def _frontend(exp: Experiment, sub: Experiment) -> bool:
     from lab.cluster.frontend import FRONTEND_DEFAULTS  # noqa: PLC0415
 
-    d = FRONTEND_DEFAULTS[exp.engine.vllm_version]
+    d = FRONTEND_DEFAULTS.get(exp.engine.vllm_version) or FRONTEND_DEFAULTS["0.11"]
     f = exp.frontend
     return any((getattr(f, k) if getattr(f, k) is not None else d[k]) for k in d)
 
@@ -179,6 +200,15 @@ FEATURES: tuple[Feature, ...] = (
             _session_router),
     Feature("hybrid", "hybrid model (sliding window, chunked, linear attention / Mamba layers; vLLM's hybrid KV "
             "cache manager)", "model: a hybrid (layer_types)", _hybrid),
+    Feature("v0", "vLLM V0 engine (prefill-only steps, batch-expansion scoring; policies/vllm_v0.py)",
+            "engine.vllm_version: \"0.6\"", _v0),
+    Feature("partial", "concurrent partial prefills (vLLM V0)", "engine.max_num_partial_prefills > 1",
+            _partial_prefills),
+    Feature("skiphol", "admission past a blocked waiting request", "engine.skip_blocked_waiting > 0", _skip_blocked,
+            needs="skips_blocked_waiting"),
+    Feature("prioritypre", "a waiting request preempting running ones for priority",
+            "policy.queue: priority with engine.priority_preemption (v0: the 0.6 default)", _priority_preemption,
+            needs="preempts_for_priority"),
 )
 
 _BY_KEY = {f.key: f for f in FEATURES}
@@ -251,7 +281,54 @@ REFUSALS: tuple[Refusal, ...] = (
             "leave async_scheduling unset (off) or false",
             "vLLM 0.33: vllm/config/vllm.py (async_scheduling and disable_padded_drafter_batch)",
             when=lambda exp, sub: sub.speculative is not None and sub.speculative.disable_padded_drafter_batch),
+    Refusal(("v0", "hybrid"),
+            "engine.vllm_version 0.6 with a hybrid model: V0 has no hybrid KV cache manager (sliding-window, chunked "
+            "and Mamba layers in one block pool); use a V1 version",
+            "vLLM 0.6: vllm/core/block_manager.py (one block table per sequence, full attention)"),
+    Refusal(("v0", "async"),
+            "engine.async_scheduling: true with engine.vllm_version 0.6: V0 schedules synchronously; leave "
+            "async_scheduling unset",
+            "vLLM 0.6: vllm/engine/llm_engine.py (step: schedule, execute, process outputs in turn)"),
+    Refusal(("v0", "pp"),
+            "hardware.pipeline_parallel_size > 1 with engine.vllm_version 0.6: V0's virtual engines (one scheduler "
+            "per pipeline stage) are not modelled; use a V1 version",
+            "servelab"),
+    Refusal(("v0", "lockstep"),
+            "DP ranks in lock-step with engine.vllm_version 0.6: V0 has no data-parallel engine; use a V1 version",
+            "vLLM 0.6: vllm/engine/arg_utils.py (no data_parallel_size)"),
+    Refusal(("v0", "spec"),
+            "speculative decoding with chunked prefill and engine.vllm_version 0.6: V0 0.6 refuses the pair; turn "
+            "chunked prefill off (engine.enable_chunked_prefill: false, V0's default up to a 32K max_model_len)",
+            "vLLM 0.6.0: vllm/config.py SpeculativeConfig.maybe_create_spec_config (mutually exclusive)",
+            when=lambda exp, sub: sub.engine.chunked_prefill(_max_model_len(sub))),
+    Refusal(("partial",),
+            "engine.max_num_partial_prefills > 1 with a V1 version: vLLM V1 never enforced concurrent partial "
+            "prefills (it fell back to V0 for them, then removed the field); use engine.vllm_version 0.6",
+            "vLLM 0.8: vllm/engine/arg_utils.py _is_v1_supported_oracle (\"Concurrent Partial Prefill\"); removed "
+            "in 0.33",
+            when=lambda exp, sub: sub.engine.vllm_version != "0.6"),
+    Refusal(("partial",),
+            "engine.max_num_partial_prefills > 1 with chunked prefill off: partial prefills are chunks; turn "
+            "engine.enable_chunked_prefill on",
+            "vLLM 0.7: vllm/config.py SchedulerConfig (partial prefills need chunked prefill)",
+            when=lambda exp, sub: not sub.engine.chunked_prefill(_max_model_len(sub))),
+    Refusal(("prioritypre",),
+            "engine.priority_preemption v0 with a V1 version: V0's rule is V0's; use none or max_num_seqs",
+            "vLLM 0.8+: vllm/v1/core/sched/scheduler.py (a waiting request never preempts)",
+            when=lambda exp, sub: sub.engine.priority_preemption == "v0" and sub.engine.vllm_version != "0.6"),
+    Refusal(("prioritypre", "v0"),
+            "engine.priority_preemption max_num_seqs with engine.vllm_version 0.6: V0 has its own rule (v0)",
+            "servelab",
+            when=lambda exp, sub: sub.engine.priority_preemption == "max_num_seqs"),
 )
+
+
+def _max_model_len(sub: Experiment) -> int:
+    """The pool's ``max_model_len`` (the model's when unset; 0 when the model cannot be loaded)."""
+    if sub.engine.max_model_len:
+        return sub.engine.max_model_len
+    model = _model(sub)
+    return model.max_position_embeddings if model is not None else 0
 
 
 def _capability_refusal(feature: Feature, name: str) -> str:
@@ -283,11 +360,12 @@ def refusals(exp: Experiment, own_requests: bool = False) -> list[str]:
                 continue
             if all(k in on for k in r.features) and (r.when is None or r.when(exp, sub)):
                 out.append(f"{where}{r.reason} [{r.rule}]")
-        scheduler = make_scheduler(sub.policy.scheduler, sub.base_dir, sub.policy.options, sub.seed)
+        name = scheduler_name(sub)
+        scheduler = make_scheduler(name, sub.base_dir, sub.policy.options, sub.seed)
         for key in sorted(on):
             f = _BY_KEY[key]
             if f.needs is not None and not getattr(scheduler, f.needs):
-                out.append(where + _capability_refusal(f, sub.policy.scheduler))
+                out.append(where + _capability_refusal(f, name))
     return list(dict.fromkeys(out))
 
 

@@ -1,0 +1,186 @@
+"""The scheduler knobs people tune (issue 41), each rule on a hand-worked case.
+
+Engines step in 1 s (tests/conftest.py ``make_engine``): step k runs over [k-1, k] and its tokens appear at k.
+"""
+
+import pytest
+
+from lab.core.batch import BatchShape
+from lab.costmodel.batch_expansion import expanded
+from lab.experiment.config import ConfigError, parse_experiment, scheduler_name
+from lab.experiment.simulation import build_deployment
+from lab.experiment.support import refusals
+from policies.vllm_v0 import VLLMV0Scheduler
+from tests.conftest import make_engine, req, submit
+
+
+def run(env, inst, reqs, until=None):
+    submit(env, inst, reqs)
+    env.run(until=until)
+
+
+# ---- head-of-line blocking: engine.skip_blocked_waiting ----
+def _hol(skip):
+    # 8 usable blocks of 4 tokens; a (12-token prompt) holds 4 blocks from its first decode on, b (24 tokens, 6
+    # blocks) does not fit the 4 left, c (4 tokens, 1 block) does
+    env, inst, _ = make_engine(num_gpu_blocks=9, block_size=4, max_num_batched_tokens=100,
+                               scheduler_reserve_full_isl=False, skip_blocked_waiting=skip)
+    a, b, c = req(0, 12, 8), req(1, 24, 2, t=0.5), req(2, 4, 2, t=0.5)
+    run(env, inst, [a, b, c])
+    return a, b, c
+
+
+def test_waiting_admission_stops_at_the_first_request_that_does_not_fit():
+    # vLLM (every version) and SGLang: c waits behind b until a finishes at t = 8 and frees its blocks
+    a, b, c = _hol(0)
+    assert a.finish_time == 8.0
+    assert b.first_scheduled_time == 8.0 and c.first_scheduled_time == 8.0
+
+
+def test_skip_blocked_waiting_admits_past_the_blocked_head_which_keeps_its_place():
+    # at t = 1 b does not fit: admission passes over it and admits c (1 block); b still goes first when a finishes
+    a, b, c = _hol(1)
+    assert c.first_scheduled_time == 1.0 and c.finish_time == 3.0
+    assert b.first_scheduled_time == 8.0
+
+
+# ---- priority with a full max_num_seqs: engine.priority_preemption ----
+def _priority(rule, scheduler=None, prio_c=0, **cfg):
+    env, inst, _ = make_engine(max_num_seqs=2, max_num_batched_tokens=64, queue_policy="priority",
+                               priority_preemption=rule, scheduler=scheduler, **cfg)
+    a, b = req(0, 4, 10, priority=1), req(1, 4, 10, priority=1)
+    c = req(2, 4, 2, t=0.5, priority=prio_c)
+    run(env, inst, [a, b, c])
+    return a, b, c
+
+
+def test_vllm_v1_never_preempts_for_a_waiting_request():
+    a, b, c = _priority("none")
+    assert c.first_scheduled_time == 10.0  # a and b finish at t = 10
+    assert a.num_preemptions == b.num_preemptions == 0
+
+
+def test_priority_preemption_at_max_num_seqs_takes_the_lowest_priority_slot():
+    # t = 1: the running list is full; c (priority 0) outranks b (priority 1, the later of the two): b is preempted
+    # (recompute) and c admitted in the same step
+    a, b, c = _priority("max_num_seqs")
+    assert c.first_scheduled_time == 1.0 and c.finish_time == 3.0
+    assert (a.num_preemptions, b.num_preemptions) == (0, 1)
+
+
+def test_equal_priorities_never_preempt_each_other():
+    a, b, c = _priority("max_num_seqs", prio_c=1)
+    assert c.first_scheduled_time == 10.0 and b.num_preemptions == 0
+
+
+def test_vllm_v0_priority_preemption_frees_a_slot_and_admits_at_the_next_prefill_step():
+    # V0 without chunking: at t = 1 nothing can be prefilled (max_num_seqs full), so _schedule_priority_preemption
+    # preempts b; a decodes in that step; the next step (t = 2) is c's prefill alone
+    a, b, c = _priority("v0", scheduler=VLLMV0Scheduler(), enable_chunked_prefill=False)
+    assert b.num_preemptions == 1 and a.num_preemptions == 0
+    assert c.first_scheduled_time == 2.0
+
+
+# ---- the draft model's budget slot: draft_slot_budget ----
+@pytest.mark.parametrize("rule,chunks", [("reserved", [12, 8]), ("per_request", [15, 5])])
+def test_draft_slots_are_reserved_up_front_or_charged_per_request(rule, chunks):
+    # budget 16, 4 sequences, 1 slot each: reserved takes 4 x 1 off every step (vLLM before PR #51725); per request
+    # takes 1 per scheduled request (a lone prompt: 15)
+    env, inst, cost = make_engine(max_num_batched_tokens=16, max_num_seqs=4, draft_slots_per_request=1,
+                                  draft_slot_budget=rule)
+    run(env, inst, [req(0, 20, 1)])
+    assert [s.num_tokens for s in cost.shapes] == chunks
+
+
+# ---- vLLM V0: prefill-only steps, partial prefills ----
+def test_vllm_v0_without_chunking_runs_a_prefill_step_alone():
+    env, inst, cost = make_engine(max_num_batched_tokens=64, scheduler=VLLMV0Scheduler(), enable_chunked_prefill=False)
+    a, b = req(0, 4, 5), req(1, 8, 2, t=1.5)
+    run(env, inst, [a, b])
+    s = cost.shapes
+    # [0,1] a's prompt; [1,2] a decodes; [2,3] b's prompt alone (a does not decode); then both decode
+    assert (s[2].prefill_new, s[2].num_decodes) == ([8], 0)
+    assert s[3].num_decodes == 2
+    assert a.finish_time == 6.0  # 5 outputs at 1, 2, 4, 5, 6: one step lost to b's prefill
+
+
+def test_vllm_v0_with_chunked_prefill_allocates_the_whole_prompt_at_admission():
+    env, inst, cost = make_engine(num_gpu_blocks=64, block_size=4, max_num_batched_tokens=8,
+                                  scheduler=VLLMV0Scheduler(), enable_chunked_prefill=True, v0_watermark=0.0)
+    a = req(0, 20, 2)
+    run(env, inst, [a], until=0.5)
+    assert len(a.blocks) == 5  # 20 tokens in 4-token blocks, though only 8 were scheduled
+
+
+def _partial(partial):
+    # budget 16; a and b are long (40, 30 > threshold 10), c short (8)
+    env, inst, cost = make_engine(max_num_batched_tokens=16, scheduler=VLLMV0Scheduler(), enable_chunked_prefill=True,
+                                  num_gpu_blocks=64, v0_watermark=0.0, long_prefill_token_threshold=10,
+                                  max_num_partial_prefills=partial, max_long_partial_prefills=1)
+    a, b, c = req(0, 40, 2), req(1, 30, 2), req(2, 8, 2)
+    run(env, inst, [a, b, c])
+    return a, b, c, cost.shapes
+
+
+def test_without_partial_prefills_a_short_prompt_waits_behind_long_ones():
+    a, b, c, s = _partial(1)
+    assert s[0].prefill_new == [16]  # a takes the whole budget
+    assert c.first_token_time > 4.0
+
+
+def test_partial_prefills_split_the_budget_and_let_a_short_prompt_pass_a_long_one():
+    # two prompts can prefill (a, and c: b is long while a, long, prefills): each chunk is 16 // 2 = 8; b keeps its
+    # place and starts when a is done
+    a, b, c, s = _partial(2)
+    assert sorted(s[0].prefill_new) == [8, 8]
+    assert c.first_token_time == 1.0
+    assert b.first_scheduled_time > a.first_scheduled_time
+
+
+# ---- V0's batch-expansion scoring ----
+def test_batch_expansion_prices_a_verify_as_one_decode_per_position():
+    shape = BatchShape(5, 2, decode_context=[50], num_decodes=1, decode_sum=50, decode_max=50, decode_min=50,
+                       verify_new=[4], verify_context=[100])
+    e = expanded(shape)
+    assert e.decode_context == [50, 100, 101, 102, 103]
+    assert (e.num_tokens, e.num_seqs, e.verify_new, e.decode_sum) == (5, 5, [], 456)
+
+
+# ---- the era's defaults and what composes ----
+BASE = {"name": "k", "model": {"name": "Llama-3.1-8B"}, "hardware": {"gpu": "A100-80GB-SXM4"},
+        "workload": {"source": "synthetic", "num_requests": 4, "rate": 1.0}}
+
+
+def _exp(**engine):
+    return parse_experiment({**BASE, "engine": engine}, source="k.yaml")
+
+
+def test_vllm_v0_era_defaults():
+    e = _exp(vllm_version="0.6", max_model_len=4096)
+    assert scheduler_name(e) == "vllm_v0"
+    d = build_deployment(e)
+    c = d.scheduler_config
+    assert not c.enable_chunked_prefill and not d.enable_prefix_caching
+    assert (c.max_num_batched_tokens, c.max_num_seqs, c.priority_preemption) == (4096, 256, "v0")
+    long = build_deployment(_exp(vllm_version="0.6")).scheduler_config  # 131,072 > 32K: chunked, budget 512
+    assert long.enable_chunked_prefill and long.max_num_batched_tokens == 512
+    v1 = build_deployment(_exp(max_model_len=4096)).scheduler_config
+    assert v1.enable_chunked_prefill and v1.priority_preemption == "none" and v1.draft_slot_budget == "per_request"
+
+
+def test_partial_prefills_default_threshold_is_four_percent_of_max_model_len():
+    c = build_deployment(_exp(vllm_version="0.6", max_model_len=8192, enable_chunked_prefill=True,
+                              max_num_partial_prefills=2)).scheduler_config
+    assert c.long_prefill_token_threshold == 327
+
+
+def test_knobs_outside_their_era_are_refused():
+    assert any("Concurrent Partial Prefill" in r for r in refusals(_exp(max_num_partial_prefills=2)))
+    assert any("V0's rule is V0's" in r
+               for r in refusals(parse_experiment({**BASE, "engine": {"priority_preemption": "v0"},
+                                                   "policy": {"queue": "priority"}}, source="k.yaml")))
+    sg = parse_experiment({**BASE, "engine": {"skip_blocked_waiting": 2}, "policy": {"scheduler": "sglang"}},
+                          source="k.yaml")
+    assert any("skips_blocked_waiting" in r for r in refusals(sg))
+    with pytest.raises(ConfigError, match="max_long_partial_prefills"):
+        _exp(max_num_partial_prefills=2, max_long_partial_prefills=3)
