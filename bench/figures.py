@@ -53,7 +53,8 @@ def _flatten(d, prefix=""):
 
 
 def _figures(exp) -> dict:
-    from lab.report.run_report import collect, steps_frame
+    from lab.report.run_summary import collect
+    from lab.report.run_tables import steps_frame
     from lab.experiment.simulation import simulate
 
     result = simulate(exp)

@@ -116,7 +116,7 @@ def test_a_lease_that_expires_before_d_can_read_makes_d_recompute():
 
 
 def test_a_request_rejected_on_d_has_its_rejection_on_d_in_the_event_log():
-    from lab.report.run_report import events_frame
+    from lab.report.run_tables import events_frame
 
     # D holds 39 blocks, fewer than a 1,000-token prompt needs: P serves both requests, D rejects them
     res = simulate(_pd(workload={"source": "synthetic", "num_requests": 2, "rate": 1.0,

@@ -389,7 +389,8 @@ def test_pp2_an_arrival_while_the_engine_blocks_on_its_oldest_batch_joins_the_ne
 
 def test_a_handed_off_requests_events_and_rows_name_every_instance_that_served_it():
     from lab.report.metrics import requests_frame
-    from lab.report.run_report import collect, events_frame
+    from lab.report.run_summary import collect
+    from lab.report.run_tables import events_frame
 
     data = {"name": "pools", "model": {"name": "Llama-3.1-8B"}, "engine": {"max_num_seqs": 16},
             "workload": {"num_requests": 4, "rate": 2.0, "prompt_tokens": {"kind": "constant", "value": 100},

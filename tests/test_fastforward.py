@@ -10,7 +10,7 @@ from lab.experiment.config import parse_experiment
 from lab.core.batch import BatchShape
 from lab.costmodel.base import CostModelBase
 from lab.report.metrics import requests_frame
-from lab.report.run_report import steps_frame
+from lab.report.run_tables import steps_frame
 from lab.core.request import Request
 from lab.core.sched_api import RouterBase
 from lab.experiment.simulation import simulate

@@ -88,7 +88,7 @@ def test_a_second_file_with_the_same_name_end_to_end(tmp_path, monkeypatch):
     assert runner.invoke(app, ["run", str(first), "-q", "--no-plots"]).exit_code == 0
     summary = json.loads((tmp_path / "reports" / "demo" / "summary.json").read_text())
     if "experiment_file" not in summary:
-        pytest.skip("summary.json does not record experiment_file yet (lab/report/run_report.py collect)")
+        pytest.skip("summary.json does not record experiment_file yet (lab/report/run_summary.py collect)")
     res = runner.invoke(app, ["run", str(second), "-q", "--no-plots"], terminal_width=400)
     assert res.exit_code == 2 and str(first) in res.output
 

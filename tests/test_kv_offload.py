@@ -8,7 +8,7 @@ import pytest
 from lab.core.kv_offload import CPUBlockTier, KVOffloader, cpu_tier_blocks
 from lab.experiment.config import ConfigError, parse_experiment
 from lab.experiment.simulation import simulate
-from lab.report.run_report import collect
+from lab.report.run_summary import collect
 from tests.conftest import make_engine, req, submit
 
 BS = 4  # tokens per block in the hand-worked engine

@@ -3,7 +3,7 @@
 import pytest
 
 from lab.experiment.config import parse_experiment
-from lab.report.run_report import collect
+from lab.report.run_summary import collect
 from lab.core.request import Request
 from lab.experiment.simulation import simulate
 from policies import make_router

@@ -139,7 +139,7 @@ def test_vllm_v1_default_victims_are_unchanged():
 
 def test_swap_in_an_experiment_uses_the_models_kv_bytes_and_the_gpus_pcie_bandwidth():
     from lab.experiment.config import parse_experiment
-    from lab.report.run_report import collect
+    from lab.report.run_summary import collect
     from lab.experiment.simulation import simulate
 
     exp = parse_experiment({

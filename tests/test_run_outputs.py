@@ -144,7 +144,7 @@ def test_report_md_states_the_slo_in_words_and_the_arrival_window(tmp_path):
 
 
 def test_tables_are_written_as_pandas_writes_them(tmp_path):
-    from lab.report.run_report import write_csv, write_parquet
+    from lab.report.table_files import write_csv, write_parquet
 
     cols = {"s": ["a", 'b,"c"', "", "é"], "i": np.array([1, -2, 0, 3], dtype=np.int64),
             "f": np.array([0.0, float("nan"), 1e-05, 1e16]), "g": np.array([1 / 3, 2.5, -0.0, 123456.789]),

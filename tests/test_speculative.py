@@ -265,7 +265,7 @@ def test_every_method_runs_to_completion_with_the_invariants(method, extra):
 
 
 def test_the_step_log_counts_verify_steps_as_decodes_with_their_drafts_apart():
-    from lab.report.run_report import steps_frame
+    from lab.report.run_tables import steps_frame
 
     # two 64-token prompts 1 ms apart, k = 2, nothing accepted: step 1 prefills the first; step 2 prefills the
     # second beside the first's verify (1 + 2 tokens); then both verify, 1 + 2 tokens each, until the end

@@ -137,7 +137,7 @@ def test_the_run_row_budget_is_shared_by_its_instances(monkeypatch):
 def test_bench_json_is_what_json_dumps_writes():
     import io
 
-    from lab.report.run_report import write_bench_json
+    from lab.report.table_files import write_bench_json
 
     d = {"a": 1, "itls": [[0.25, 0.25], [], [1 / 3] * 3], "b": [0.1, None]}
     f = io.StringIO()

@@ -157,7 +157,7 @@ def test_the_tables_are_replaced_as_one_set(tmp_path, monkeypatch):
 
 
 def test_an_out_folder_that_is_not_an_output_is_refused_before_any_run(tmp_path):
-    from lab.report.run_report import OutputDirError
+    from lab.report.output_folder import OutputDirError
 
     spec, cmp, runs = load_sweep(_write(tmp_path, axes={"workload.rate": [4]}, replications=1))
     (tmp_path / "mine").mkdir()
@@ -215,7 +215,7 @@ def reference_sweep(tmp_path_factory):
 
 
 def _complete_runs(out):
-    # (not the temporary folder of a run killed while writing it, ".<name>.tmp-<pid>": run_report.atomic_dir)
+    # (not the temporary folder of a run killed while writing it, ".<name>.tmp-<pid>": output_folder.atomic_dir)
     return {p.parent.name: p.stat().st_mtime_ns for p in (out / "sweep" / "base").glob("*/run.json")
             if not p.parent.name.startswith(".")}
 

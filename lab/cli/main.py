@@ -145,8 +145,8 @@ def _out_dir(exp, out: Optional[Path], set_: Optional[list[str]] = None) -> Path
 
 def _print_summary(summary: dict, out_dir: Path) -> None:
     """The run's latency table, the offered and achieved load (over the arrival window and over the whole
-    duration, lab/report/run_report.py ``achieved_words``) and the line naming the output folder."""
-    from lab.report.run_report import achieved_words
+    duration, lab/report/run_markdown.py ``achieved_words``) and the line naming the output folder."""
+    from lab.report.run_markdown import achieved_words
 
     t = Table(title=f"{summary['experiment']}: {summary['num_finished']}/{summary['num_requests']} finished, "
                     f"{summary['num_rejected']} rejected, {summary['num_unfinished']} unfinished")
@@ -184,7 +184,8 @@ def run(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, data_d
             None, "--metric-percentiles", help="as vllm bench serve: percentiles, e.g. 90,99 "
             "(default: the file's output.metric_percentiles)")) -> None:
     """Run an experiment and write its report (into a temporary folder that replaces the output folder at the end)."""
-    from lab.report.run_report import OutputDirError, write_outputs
+    from lab.report.output_folder import OutputDirError
+    from lab.report.run_report import write_outputs
 
     exp = _load(experiment, data_dir, set_)
     _apply_percentile_options(exp, experiment, percentile_metrics, metric_percentiles)
@@ -240,7 +241,7 @@ def _checked_out_dir(exp, out: Optional[Path], set_: Optional[list[str]] = None)
     """The output folder, absolute (``--out .`` is replaced too), checked to be absent, empty or an earlier output
     folder (else a one-line error, exit 2); a default folder (no ``--out``, no ``output.dir``) that holds the report
     of another experiment file of the same name is refused too (:func:`_other_experiment_file`)."""
-    from lab.report.run_report import OutputDirError, check_out_dir
+    from lab.report.output_folder import OutputDirError, check_out_dir
 
     path = _out_dir(exp, out, set_)
     other = _other_experiment_file(exp, path) if out is None and not exp.output.dir else None
@@ -276,7 +277,7 @@ def validate(experiment: Path = EXPERIMENT_ARG, out: Optional[Path] = OUT_OPT, d
              quiet: bool = RUN_QUIET_OPT) -> None:
     """Run an experiment and compare it with the measured run it names (validation.measured): latency errors,
     per-request error distributions, queue/KV time series and where the simulated time goes."""
-    from lab.report.run_report import OutputDirError
+    from lab.report.output_folder import OutputDirError
     from lab.report.validate import ValidationError, run_validation
     from lab.workload.loaders import WorkloadError
 
@@ -472,7 +473,7 @@ def sweep(spec: Path = typer.Argument(..., help="sweep YAML file (docs/sweeps.md
     from lab.cli.sweep_display import SweepDisplay
     from lab.experiment.config import ConfigError
     from lab.report.executors import ExecutorError, make_executor
-    from lab.report.run_report import OutputDirError
+    from lab.report.output_folder import OutputDirError
     from lab.report.sweep import load_sweep, run_sweep
 
     try:
@@ -528,7 +529,7 @@ def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.
     from lab.cli.progress import SearchDisplay
     from lab.core.sched_api import SchedulerContractError
     from lab.experiment.config import ConfigError, parse_set_option
-    from lab.report.run_report import OutputDirError
+    from lab.report.output_folder import OutputDirError
     from lab.report.search import load_search, run_search, search_markdown
     from lab.workload.loaders import WorkloadError
     from policies import PolicyError

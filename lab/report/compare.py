@@ -9,7 +9,7 @@ process pool (``--jobs``); each run's full outputs land in ``<out>/<group>/<trac
 comparison in ``<out>/comparison.md`` (tables per group and trace, the written reading from ``note``),
 ``comparison.csv`` (one row per run) and one CDF figure per group (TTFT, TPOT, E2EL side by side per trace).
 
-Each run's folder is written atomically (a temporary sibling renamed into place; lab/report/run_report.py
+Each run's folder is written atomically (a temporary sibling renamed into place; lab/report/output_folder.py
 ``atomic_dir``) with a ``run.json`` holding a hash of the run's merged experiment fields. A re-run into the same
 output folder reuses every run whose folder is complete and whose hash is unchanged (its summary and latencies are
 read back) and simulates only the others; ``fresh`` redoes all. Workers exit when the comparison's process dies,
@@ -44,8 +44,9 @@ from lab.experiment.config import ConfigError, _format_errors, deep_merge, parse
 from lab.report.metrics import latency_samples
 from lab.experiment.simulation import simulate
 from lab.report.plots import draw_slo, pyplot, series_style, shared_legend
-from lab.report.run_report import (OutputDirError, atomic_dir, check_out_dir, linux_libc, pid_alive,
-                                   remove_stale_temps, write_report)
+from lab.report.output_folder import (OutputDirError, atomic_dir, check_out_dir, linux_libc, pid_alive,
+                                      remove_stale_temps)
+from lab.report.run_report import write_report
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
 _PATH = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"  # a dotted field path: engine.max_num_seqs

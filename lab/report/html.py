@@ -90,7 +90,7 @@ def write_run_html(out_dir: Path, summary: dict, requests: pd.DataFrame, events:
     Args:
         out_dir: the run's folder; ``steps.parquet`` in it is read (only the steps inside the timeline's time
             window) to place the prefill steps.
-        summary: the run's summary (lab/report/run_report.py ``collect``; times in seconds).
+        summary: the run's summary (lab/report/run_summary.py ``collect``; times in seconds).
         requests: one row per request (lab/report/metrics.py ``requests_frame``).
         events: lifecycle events (``events_frame``: request_id, instance, time, event, detail); empty or None when
             the run did not record them (the timeline then shows queued / prefill / decode from the request rows).

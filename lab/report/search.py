@@ -62,7 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lab.experiment.config import (ConfigError, Experiment, _format_errors, deep_merge, parse_experiment,
                                    read_yaml)
 from lab.report.compare import Run, _sigterm_as_exit, _stop_workers, _worker_init, config_hash, run_dir
-from lab.report.run_report import OutputDirError, check_out_dir
+from lab.report.output_folder import OutputDirError, check_out_dir
 from lab.report.sweep import SweepTask, expand_values, replace_outputs, reuse_task, simulate_task
 
 _FIELDS = {"max_rate": "workload.rate", "max_concurrency": "workload.concurrency",

@@ -48,8 +48,10 @@ from lab.experiment.simulation import simulate
 from lab.report.compare import RUN_META, ComparisonSpec, Run, comparison_runs, config_hash, run_dir
 from lab.report.executors import Executor, PoolExecutor
 from lab.report.html import write_sweep_html
-from lab.report.run_report import (_json_default, atomic_dir, check_out_dir, collect, remove_stale_temps,
-                                   write_report)
+from lab.report.output_folder import atomic_dir, check_out_dir, remove_stale_temps
+from lab.report.run_report import write_report
+from lab.report.run_summary import collect
+from lab.report.table_files import json_default
 
 # The statistics of each latency in the tables (summary.json's; p50 is the median).
 LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99")
@@ -229,7 +231,7 @@ class SweepState:
 
 
 def simulate_task(task: SweepTask) -> dict:
-    """Worker (any executor): simulate one run and write its folder atomically (lab/report/run_report.py
+    """Worker (any executor): simulate one run and write its folder atomically (lab/report/output_folder.py
     ``atomic_dir``): ``requests.parquet``, ``summary.json`` and, last, ``run.json`` (config hash, wall time in s,
     plots); with ``task.plots`` the full run report (also ``steps.parquet``, ``report.md``, PNG plots).
 
@@ -249,7 +251,7 @@ def simulate_task(task: SweepTask) -> dict:
             else:
                 req, summary = collect(result)
                 req.to_parquet(tmp / "requests.parquet", index=False)
-                (tmp / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+                (tmp / "summary.json").write_text(json.dumps(summary, indent=2, default=json_default))
             wall = time.perf_counter() - t0
             (tmp / RUN_META).write_text(json.dumps({"config_hash": task.config_hash, "wall_s": wall,
                                                     "plots": task.plots}))
@@ -421,7 +423,7 @@ def _folder_missing(task: SweepTask) -> str | None:
 
 def replace_outputs(out_dir: Path, write: Callable[[Path], None], keep: Sequence[str] = ()) -> None:
     """Replace the output folder ``out_dir`` by what ``write(folder)`` writes into a new folder, as one set: one
-    rename (lab/report/run_report.py ``atomic_dir``, as ``servelab run`` writes its folder), so that a failure or a
+    rename (lab/report/output_folder.py ``atomic_dir``, as ``servelab run`` writes its folder), so that a failure or a
     kill, even ``kill -9``, leaves the earlier folder whole or the new one, never a mix of old and new files.
 
     The subfolders named in ``keep`` (the run records a re-run resumes from: a sweep's ``sweep``, a search's

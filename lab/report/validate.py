@@ -28,7 +28,9 @@ import pandas as pd
 
 from lab.report.metrics import requests_frame
 from lab.report.plots import draw_slo, pyplot, series_style
-from lab.report.run_report import atomic_dir, check_out_dir, steps_frame, write_report
+from lab.report.output_folder import atomic_dir, check_out_dir
+from lab.report.run_report import write_report
+from lab.report.run_tables import steps_frame
 
 
 class ValidationError(ValueError):
@@ -451,7 +453,7 @@ def run_validation(exp, out_dir: Path, simulate_fn, plots: bool = True) -> dict:
     run named in ``exp.validation`` and write validation.json / .md / CSVs / plots into ``out_dir``.
 
     Everything is written into a temporary sibling folder that replaces ``out_dir`` in one rename at the end
-    (lab/report/run_report.py ``atomic_dir``): ``out_dir`` is the earlier complete folder or the new one.
+    (lab/report/output_folder.py ``atomic_dir``): ``out_dir`` is the earlier complete folder or the new one.
 
     Args:
         exp: the experiment (must have a ``validation`` section).
@@ -459,7 +461,7 @@ def run_validation(exp, out_dir: Path, simulate_fn, plots: bool = True) -> dict:
 
     Raises:
         ValidationError: a measured file is missing or malformed.
-        lab.report.run_report.OutputDirError: ``out_dir`` is a file or a folder that is not an output folder
+        lab.report.output_folder.OutputDirError: ``out_dir`` is a file or a folder that is not an output folder
             (checked before simulating).
     """
     v = exp.validation
