@@ -529,6 +529,7 @@ def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.
     from lab.cli.progress import SearchDisplay
     from lab.core.sched_api import SchedulerContractError
     from lab.experiment.config import ConfigError, parse_set_option
+    from lab.report.executors import ExecutorError
     from lab.report.output_folder import OutputDirError
     from lab.report.search import load_search, run_search, search_markdown
     from lab.workload.loaders import WorkloadError
@@ -549,7 +550,8 @@ def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.
             with SearchDisplay(err_console, search_spec) as display:
                 results = run_search(search_spec, where, out_dir, data_dir, fresh=fresh, jobs=n_jobs,
                                      overrides=overrides, progress=display)
-    except (ConfigError, OutputDirError, PolicyError, WorkloadError, SchedulerContractError, FileNotFoundError) as e:
+    except (ConfigError, OutputDirError, PolicyError, WorkloadError, SchedulerContractError, FileNotFoundError,
+            ExecutorError) as e:
         _fail(str(e))
     except KeyboardInterrupt:
         err_console.print(f"interrupted: the probes already complete in {out_dir}/probes are kept; run the same "
@@ -588,6 +590,7 @@ def compare(spec: Path = typer.Argument(..., help="comparison YAML file"), out: 
     the same folder reuses every run whose folder is complete and whose configuration is unchanged (--fresh: none)."""
     from lab.report.compare import load_comparison, run_comparison
     from lab.experiment.config import ConfigError
+    from lab.report.executors import ExecutorError
     from lab.workload.loaders import WorkloadError
     from policies import PolicyError
 
@@ -612,7 +615,7 @@ def compare(spec: Path = typer.Argument(..., help="comparison YAML file"), out: 
     try:
         run_comparison(cmp_spec, runs, out_dir, jobs=jobs, plots=False if no_plots else None, progress=progress,
                        note_base=spec.resolve().parent, fresh=fresh)
-    except (PolicyError, WorkloadError, FileNotFoundError, ValueError) as e:
+    except (PolicyError, WorkloadError, FileNotFoundError, ValueError, ExecutorError) as e:
         _fail(str(e))
     console.print(f"{len(runs)} runs ({reused[0]} runs reused, {len(runs) - reused[0]} simulated); wrote "
                   f"{out_dir}/comparison.md, comparison.csv and every run's report", highlight=False)

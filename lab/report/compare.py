@@ -4,10 +4,11 @@ A comparison file (docs/experiments.md, "Comparison files") has a ``base`` exper
 ``traces`` (experiment fields too, usually just ``workload``) and ``groups``; each group names the traces it runs
 on and its ``variants`` (experiment-field overrides, e.g. ``policy: {scheduler: sarathi}``). Every
 (group, trace, variant) is one experiment, built by merging base <- trace <- group.base <- variant and validated
-like any experiment file (errors name the comparison file and the run) before anything runs. Runs go to a local
-process pool (``--jobs``); each run's full outputs land in ``<out>/<group>/<trace>/<variant>/`` and the
-comparison in ``<out>/comparison.md`` (tables per group and trace, the written reading from ``note``),
-``comparison.csv`` (one row per run) and one CDF figure per group (TTFT, TPOT, E2EL side by side per trace).
+like any experiment file (errors name the comparison file and the run) before anything runs. Runs go to an
+executor (lab/report/executors.py: a local process pool of ``--jobs`` workers); each run's full outputs land in
+``<out>/<group>/<trace>/<variant>/`` and the comparison in ``<out>/comparison.md`` (tables per group and trace, the
+written reading from ``note``), ``comparison.csv`` (one row per run) and one CDF figure per group (TTFT, TPOT, E2EL
+side by side per trace).
 
 Each run's folder is written atomically (a temporary sibling renamed into place; lab/report/output_folder.py
 ``atomic_dir``) with a ``run.json`` holding a hash of the run's merged experiment fields. A re-run into the same
@@ -28,11 +29,8 @@ import hashlib
 import json
 import os
 import re
-import signal
-import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,8 +42,8 @@ from lab.experiment.config import ConfigError, _format_errors, deep_merge, parse
 from lab.report.metrics import latency_samples
 from lab.experiment.simulation import simulate
 from lab.report.plots import draw_slo, pyplot, series_style, shared_legend
-from lab.report.output_folder import (OutputDirError, atomic_dir, check_out_dir, linux_libc, pid_alive,
-                                      remove_stale_temps)
+from lab.report.executors import Executor, PoolExecutor
+from lab.report.output_folder import OutputDirError, atomic_dir, check_out_dir, remove_stale_temps
 from lab.report.run_report import write_report
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
@@ -259,17 +257,26 @@ def _result(run: Run, summary: dict, lat: dict, pre: np.ndarray, wall_s: float, 
             "preempted_requests": len(pre), "preempted_e2el_mean": float(np.mean(pre)) if len(pre) else None}
 
 
-def _run_one(run: Run, out_dir: str) -> dict:
-    """Worker: simulate one run, write its folder atomically (report without plots, then run.json), return its
-    summary and latency samples.
+@dataclass(frozen=True)
+class ComparisonTask:
+    """One run as it crosses to a worker: the run and the comparison's output folder."""
+
+    run: Run
+    out_dir: str
+
+
+def simulate_run(task: ComparisonTask) -> dict:
+    """Worker (any executor): simulate one run, write its folder atomically (report without plots, then run.json),
+    return its summary and latency samples.
 
     Raises:
         whatever the simulation raises (the run's folder is then left as it was).
     """
+    run = task.run
     exp = parse_experiment(run.data, run.source, Path(run.base_dir), run.data_dir)
     t0 = time.perf_counter()
     with simulate(exp) as result:
-        with atomic_dir(run_dir(out_dir, run)) as tmp:
+        with atomic_dir(run_dir(task.out_dir, run)) as tmp:
             summary = write_report(result, tmp, plots=False, atomic=False)
             wall = time.perf_counter() - t0
             (tmp / RUN_META).write_text(json.dumps({"config_hash": config_hash(run), "wall_s": wall}))
@@ -301,9 +308,11 @@ def _reuse(run: Run, out_dir: Path) -> dict | None:
 
 def run_comparison(spec: ComparisonSpec, runs: list[Run], out_dir: Path, jobs: int | None = None,
                    plots: bool | None = None, progress: Callable[[dict], None] | None = None,
-                   note_base: Path | None = None, fresh: bool = False) -> pd.DataFrame:
-    """Run every run (``jobs`` worker processes), write the comparison report, return the comparison table
-    (``table.attrs["reused"]``: how many runs were read back instead of simulated).
+                   note_base: Path | None = None, fresh: bool = False,
+                   executor: Executor | None = None) -> pd.DataFrame:
+    """Run every run on ``executor`` (default: a local process pool of ``jobs`` workers, else the file's ``jobs``),
+    write the comparison report, return the comparison table (``table.attrs["reused"]``: how many runs were read
+    back instead of simulated).
 
     Runs already complete in ``out_dir`` with an unchanged configuration are reused unless ``fresh``.
 
@@ -328,88 +337,23 @@ def run_comparison(spec: ComparisonSpec, runs: list[Run], out_dir: Path, jobs: i
         if progress:
             progress(res)
 
-    _run_all([runs[i] for i in todo], todo, out_dir, jobs or spec.jobs, done)
+    _run_all([runs[i] for i in todo], todo, out_dir, executor or PoolExecutor(jobs or spec.jobs), done)
     table = _write_comparison(spec, results, out_dir, plots, note_base)
     table.attrs["reused"] = len(runs) - len(todo)
     return table
 
 
-def _run_all(runs: list[Run], ids: list[int], out_dir: Path, jobs: int, done: Callable[[int, dict], None]) -> None:
-    """Simulate ``runs`` in this process (``jobs`` 1) or on a process pool, calling ``done(id, result)`` as each
-    finishes. Raises whatever a run raises, KeyboardInterrupt, or SystemExit on SIGTERM (workers stopped first)."""
-    if jobs == 1 or len(runs) <= 1:
-        for i, r in zip(ids, runs):
-            done(i, _run_one(r, str(out_dir)))
+def _run_all(runs: list[Run], ids: list[int], out_dir: Path, executor: Executor,
+             done: Callable[[int, dict], None]) -> None:
+    """Simulate ``runs`` on ``executor`` (lab/report/executors.py), calling ``done(id, result)`` as each finishes.
+    Raises whatever a run raises, KeyboardInterrupt, or SystemExit on SIGTERM (the workers stopped first)."""
+    if not runs:
         return
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(runs)), initializer=_worker_init, initargs=(os.getpid(),))
-    try:
-        with _sigterm_as_exit():
-            futs = {pool.submit(_run_one, r, str(out_dir)): i for i, r in zip(ids, runs)}
-            pending = set(futs)
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    done(futs[f], f.result())
-    except BaseException:
-        _stop_workers(pool)
-        raise
-    pool.shutdown()
-
-
-def _worker_init(parent_pid: int) -> None:
-    """Pool initializer: the worker exits when the comparison's process dies (PR_SET_PDEATHSIG on Linux, and a
-    daemon thread watching the parent everywhere) and leaves Ctrl-C to it. Raises nothing."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    libc = linux_libc()
-    if libc is not None:
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
-    ppid = os.getppid()
-    if not pid_alive(parent_pid):
-        os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent_pid, ppid), daemon=True, name="servelab-watch-parent").start()
-
-
-def _watch_parent(parent_pid: int, ppid: int) -> None:
-    """Exit this worker at once when its parent changes (re-parented: the parent died) or the comparison's process
-    is gone."""
-    while True:
-        time.sleep(0.25)
-        if os.getppid() != ppid or not pid_alive(parent_pid):
-            os._exit(1)
-
-
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Terminate the pool's worker processes (SIGTERM, then SIGKILL after 2 s) and drop its queued runs."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    pool.shutdown(wait=False, cancel_futures=True)
-    for p in procs:
-        p.join(2.0)
-        if p.is_alive():
-            p.kill()
-            p.join(1.0)
-
-
-@contextmanager
-def _sigterm_as_exit():
-    """Within the block, SIGTERM raises SystemExit(143) in the main thread (so the workers are stopped before the
-    process ends); elsewhere, or off the main thread, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    tasks = [ComparisonTask(run=r, out_dir=str(out_dir)) for r in runs]
+    with executor:
+        for batch in executor.map_unordered(simulate_run, tasks):
+            for outcome in batch:
+                done(ids[outcome.index], outcome.result())
 
 
 def _write_comparison(spec: ComparisonSpec, results: list[dict], out_dir: Path, plots: bool | None,

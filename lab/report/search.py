@@ -47,10 +47,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -61,7 +59,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from lab.experiment.config import (ConfigError, Experiment, _format_errors, deep_merge, parse_experiment,
                                    read_yaml)
-from lab.report.compare import Run, _sigterm_as_exit, _stop_workers, _worker_init, config_hash, run_dir
+from lab.report.compare import Run, config_hash, run_dir
+from lab.report.executors import Executor, PoolExecutor
 from lab.report.output_folder import OutputDirError, check_out_dir
 from lab.report.sweep import SweepTask, expand_values, replace_outputs, reuse_task, simulate_task
 
@@ -750,46 +749,19 @@ def _judge(spec: SearchSpec, task: SweepTask, value: Any, reused: bool, wall_s: 
     return Probe(value, judge(figures, spec.slo, spec.require_stable_queue), figures, reused, True, wall_s)
 
 
-def _simulate_probe(task: SweepTask) -> None:
-    """Worker: simulate one probe into its folder (lab/report/sweep.py ``simulate_task``). Raises what it raises."""
-    simulate_task(task)
-
-
-class _InProcess:
-    """The runner of ``--jobs 1``: ``submit`` returns a Future that :meth:`run` completes in this process (after the
-    progress display has been told the probe started). An Exception goes into the Future, as the pool hands it
-    over; KeyboardInterrupt and SystemExit go up at once."""
-
-    def __init__(self) -> None:
-        self._calls: dict[Future, tuple[Callable, tuple]] = {}
-
-    def submit(self, fn: Callable, *args) -> Future:
-        fut: Future = Future()
-        self._calls[fut] = (fn, args)
-        return fut
-
-    def run(self) -> None:
-        """Run every call submitted and not run yet."""
-        while self._calls:
-            fut, (fn, args) = self._calls.popitem()
-            try:
-                fut.set_result(fn(*args))
-            except Exception as e:  # noqa: BLE001 - handed over as the pool would
-                fut.set_exception(e)
-
-
 def run_search(spec: SearchSpec, where: Path, out_dir: Path, data_dir: str | Path | None = None,
                on_probe: Callable[[str, Probe], None] | None = None, fresh: bool = False, jobs: int | None = None,
-               overrides: dict | None = None,
-               progress: Callable[[SearchState], None] | None = None) -> list[SearchResult]:
+               overrides: dict | None = None, progress: Callable[[SearchState], None] | None = None,
+               executor: Executor | None = None) -> list[SearchResult]:
     """Run the search for every candidate (or the base alone), write ``search.md`` and ``search.json`` into
     ``out_dir`` as one set (:func:`write_search`), and return the answers, cheapest first (fewest GPUs, then the
     larger answer for a max search, the most goodput for ``max_goodput``).
 
-    Up to ``jobs`` probes (default: the file's ``jobs``) run at once in worker processes (1: in this process): each
-    time one finishes, the free slots take the probes most needed over all candidates: each candidate's next probe
-    first, then the probes its next decisions may ask for (:meth:`_Plan.ahead`). The answers do not depend on
-    ``jobs``. ``overrides`` (``--set``: nested experiment fields) apply to every candidate, over its own overrides.
+    The probes run on ``executor`` (lab/report/executors.py; default: a local process pool of ``jobs`` workers,
+    else the file's ``jobs``; 1: in this process), as many at once as it has slots: each time one finishes, the
+    free slots take the probes most needed over all candidates: each candidate's next probe first, then the probes
+    its next decisions may ask for (:meth:`_Plan.ahead`). The answers do not depend on ``jobs``. ``overrides``
+    (``--set``: nested experiment fields) apply to every candidate, over its own overrides.
 
     Every probe's folder is ``<out_dir>/probes/<candidate>/<field>=<value>/``; a probe whose folder is complete
     with an unchanged configuration is reused (``Probe.reused``) unless ``fresh``, so a search interrupted or
@@ -809,10 +781,10 @@ def run_search(spec: SearchSpec, where: Path, out_dir: Path, data_dir: str | Pat
     dd = str(Path(data_dir).resolve()) if data_dir is not None else None
     cands, base_dir = _candidates(spec, where, overrides)
     plans = [_Plan(spec, name, data) for name, data in cands]
-    slots = max(1, jobs or spec.jobs)
+    executor = executor or PoolExecutor(max(1, jobs or spec.jobs))
     state = SearchState()
     t0 = time.perf_counter()
-    started: dict[Future, tuple[_Plan, Any, SweepTask, float]] = {}
+    started: dict[int, tuple[_Plan, Any, SweepTask, float]] = {}  # task id -> the probe in flight
 
     def update(last: tuple[str, Probe] | None) -> None:
         state.last = last
@@ -850,58 +822,45 @@ def run_search(spec: SearchSpec, where: Path, out_dir: Path, data_dir: str | Pat
                     break
         return None if best is None else (best[1], best[2])
 
-    pool = ProcessPoolExecutor(max_workers=slots, initializer=_worker_init, initargs=(os.getpid(),)) \
-        if slots > 1 else None
-    runner = pool if pool is not None else _InProcess()
-    try:
-        with _sigterm_as_exit():
-            update(None)
-            while True:
-                while len(started) < slots:
-                    chosen = pick()
-                    if chosen is None:
-                        break
-                    plan, v = chosen
-                    task = _probe_task(spec, where, out_dir, plan.name, plan.data, base_dir, v, dd)
-                    plan.submitted.append(v)
-                    if not fresh and reuse_task(task) is not None:
-                        record(plan, _judge(spec, task, v, True, None))
-                        continue
-                    plan.running.add(v)
-                    started[runner.submit(_simulate_probe, task)] = (plan, v, task, time.perf_counter())
-                    update(None)
-                if not started:
+    with executor:
+        slots = executor.slots
+        update(None)
+        while True:
+            while len(started) < slots:
+                chosen = pick()
+                if chosen is None:
                     break
-                if pool is None:
-                    runner.run()
-                finished, _ = wait(list(started), timeout=1.0, return_when=FIRST_COMPLETED)
-                if not finished:
-                    update(None)
-                for fut in finished:
-                    plan, v, task, t_start = started.pop(fut)
-                    plan.running.discard(v)
-                    try:
-                        fut.result()
-                    except (ConfigError, OutputDirError):
-                        raise  # the search file's or the output folder's fault, not a deployment that cannot run
-                    except ValueError as e:  # the candidate cannot be built (a model that does not fit, a layout)
-                        why = "; ".join(line.strip() for line in str(e).splitlines())
-                        if plan.grid and not plan.error:  # one value that cannot run: not the answer, the rest go on
-                            record(plan, Probe(v, False, {"error": why}, False, True, time.perf_counter() - t_start))
-                        elif not plan.error:
-                            plan.error = why
-                            update(None)
-                        continue
-                    if not plan.error:
-                        record(plan, _judge(spec, task, v, False, time.perf_counter() - t_start))
-    except BaseException:
-        if pool is not None:
-            _stop_workers(pool)
-            pool = None
-        raise
-    finally:
-        if pool is not None:
-            pool.shutdown()
+                plan, v = chosen
+                task = _probe_task(spec, where, out_dir, plan.name, plan.data, base_dir, v, dd)
+                plan.submitted.append(v)
+                if not fresh and reuse_task(task) is not None:
+                    record(plan, _judge(spec, task, v, True, None))
+                    continue
+                plan.running.add(v)
+                started[executor.submit(simulate_task, task)] = (plan, v, task, time.perf_counter())
+                update(None)
+            if not started:
+                break
+            finished = executor.finished(timeout=1.0)
+            if not finished:
+                update(None)
+            for outcome in finished:
+                plan, v, task, t_start = started.pop(outcome.index)
+                plan.running.discard(v)
+                try:
+                    outcome.result()
+                except (ConfigError, OutputDirError):
+                    raise  # the search file's or the output folder's fault, not a deployment that cannot run
+                except ValueError as e:  # the candidate cannot be built (a model that does not fit, a layout)
+                    why = "; ".join(line.strip() for line in str(e).splitlines())
+                    if plan.grid and not plan.error:  # one value that cannot run: not the answer, the rest go on
+                        record(plan, Probe(v, False, {"error": why}, False, True, time.perf_counter() - t_start))
+                    elif not plan.error:
+                        plan.error = why
+                        update(None)
+                    continue
+                if not plan.error:
+                    record(plan, _judge(spec, task, v, False, time.perf_counter() - t_start))
     results = [_result(spec, plan, base_dir, dd) for plan in plans]
     maximize = spec.find != "min_instances"
 
