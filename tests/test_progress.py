@@ -121,7 +121,8 @@ def test_the_search_display_draws_a_bar_and_a_line_per_probe_on_a_terminal(tmp_p
     import yaml
 
     from lab.cli.progress import SearchDisplay
-    from lab.report.search import load_search, run_search
+    from lab.report.search import run_search
+    from lab.report.search_spec import load_search
     from tests.test_search import BASE
 
     path = tmp_path / "s.yaml"

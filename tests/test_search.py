@@ -4,7 +4,9 @@ import pytest
 import yaml
 
 from lab.experiment.config import ConfigError
-from lab.report.search import _bisect, load_search, run_search
+from lab.report.search import run_search
+from lab.report.search_plan import bisect_boundary
+from lab.report.search_spec import load_search
 
 BASE = {"name": "b", "seed": 0,
         "workload": {"source": "synthetic", "num_requests": 120, "rate": 5.0,
@@ -21,11 +23,11 @@ def test_bisection_finds_the_boundary_within_tolerance_and_exactly_for_integers(
         calls.append(x)
         return x <= 37.3
 
-    assert 37.3 * 0.98 <= _bisect(ok, 1, 100, False, False, 0.02) <= 37.3
-    assert _bisect(lambda n: n >= 5, 1, 8, True, True, 0) == 5
-    assert _bisect(lambda n: n <= 3, 1, 8, True, False, 0) == 3
-    assert _bisect(lambda x: False, 1, 8, False, False, 0.1) is None
-    assert _bisect(lambda x: True, 1, 8, False, False, 0.1) == 8
+    assert 37.3 * 0.98 <= bisect_boundary(ok, 1, 100, False, False, 0.02) <= 37.3
+    assert bisect_boundary(lambda n: n >= 5, 1, 8, True, True, 0) == 5
+    assert bisect_boundary(lambda n: n <= 3, 1, 8, True, False, 0) == 3
+    assert bisect_boundary(lambda x: False, 1, 8, False, False, 0.1) is None
+    assert bisect_boundary(lambda x: True, 1, 8, False, False, 0.1) == 8
 
 
 def _spec(tmp_path, **over):
@@ -89,7 +91,7 @@ def test_a_backlog_that_still_grows_at_the_last_arrival_is_flagged_and_a_bounded
     import numpy as np
     import pandas as pd
 
-    from lab.report.search import queue_growth
+    from lab.report.search_judge import queue_growth
 
     arrivals = np.arange(100, dtype=float)  # one request per second for 100 s
     bounded = pd.DataFrame({"arrival_time": arrivals, "finish_time": arrivals + 5.0})  # Little: ~5 in the system
@@ -197,7 +199,7 @@ def test_an_interrupted_search_keeps_the_earlier_outputs_and_resumes_its_probes(
 
 
 def test_a_failure_while_writing_leaves_the_earlier_pair(tmp_path, monkeypatch):
-    import lab.report.search as search_mod
+    import lab.report.search_report as search_report
 
     spec, path = _spec(tmp_path, tolerance=0.3)
     out = tmp_path / "out"
@@ -208,7 +210,7 @@ def test_a_failure_while_writing_leaves_the_earlier_pair(tmp_path, monkeypatch):
     def fail(results):
         raise OSError("disk full")
 
-    monkeypatch.setattr(search_mod, "search_json", fail)  # search.md is written, search.json is not
+    monkeypatch.setattr(search_report, "search_json", fail)  # search.md is written, search.json is not
     with pytest.raises(OSError, match="disk full"):
         run_search(spec, path, out)
     assert _outputs(out) == earlier
@@ -302,7 +304,8 @@ def _latencies(arrivals, stay):
 def test_a_backlog_of_12_to_20_over_300_arrivals_is_sustained_and_one_falling_13_percent_behind_is_not():
     import numpy as np
 
-    from lab.report.search import SearchSLO, meets, probe_figures, queue_growth
+    from lab.report.search_judge import meets, probe_figures, queue_growth
+    from lab.report.search_spec import SearchSLO
 
     arrivals = np.arange(600, dtype=float)  # one request per second for 600 s
     # time in the system 12 s, rising to 20 s over the second half: 12 -> 20 requests in the system
@@ -327,7 +330,7 @@ def test_a_backlog_of_12_to_20_over_300_arrivals_is_sustained_and_one_falling_13
 def test_long_tailed_times_in_the_system_are_not_a_growing_backlog():
     import numpy as np
 
-    from lab.report.search import queue_growth
+    from lab.report.search_judge import queue_growth
 
     rng = np.random.default_rng(0)
     arrivals = np.sort(rng.uniform(0, 40, 640))  # 16 req/s for 40 s
@@ -344,7 +347,7 @@ def test_long_tailed_times_in_the_system_are_not_a_growing_backlog():
 def test_an_arrival_window_shorter_than_three_median_stays_is_not_shown_sustained():
     import numpy as np
 
-    from lab.report.search import queue_growth
+    from lab.report.search_judge import queue_growth
 
     arrivals = np.linspace(0.0, 4.0, 120)
     g = queue_growth(_latencies(arrivals, np.full(120, 2.0)))  # 4 s of arrivals, 2 s in the system each
@@ -359,7 +362,7 @@ def test_itl_and_queue_time_bounds_are_judged_at_their_own_percentiles(tmp_path)
 
     import pandas as pd
 
-    from lab.report.search import probe_text
+    from lab.report.search_report import probe_text
 
     slo = {"ttft_s": 0.3, "itl_s": 0.1, "queue_s": 2.0, "percentile": 90, "percentiles": {"itl": 99, "queue": 50}}
     spec, path = _spec(tmp_path, slo=slo, tolerance=0.2)
@@ -392,7 +395,7 @@ def test_slo_terms_that_cannot_be_judged_are_refused(tmp_path):
         _spec(tmp_path, slo={"ttft_s": 0.1, "percentile": 90, "percentiles": {"queue": 50}})
     spec, _ = _spec(tmp_path, slo={"ttft_s": 0.5, "queue_s": 1.0, "attainment": 0.9,
                                    "itl_s": 0.05, "percentiles": {"itl": 99}})
-    from lab.report.search import slo_text
+    from lab.report.search_report import slo_text
 
     assert slo_text(spec.slo) == ("at least 90 % of requests with TTFT <= 500 ms and queue time <= 1 s, and "
                                   "p99 ITL <= 50 ms")
@@ -493,7 +496,7 @@ def test_the_search_state_bounds_the_probes_left_and_gives_an_eta(tmp_path):
 
 
 def test_numbers_in_words():
-    from lab.report.search import duration, number, value_label
+    from lab.report.search_report import duration, number, value_label
 
     assert number(18.48828125) == "18.5" and number(0.0123456) == "0.0123" and number(1234.5) == "1,234"
     assert number(412.0) == "412" and number(2.0) == "2"
@@ -544,7 +547,7 @@ def test_the_default_folder_with_set_is_not_the_files(tmp_path, monkeypatch):
 def test_the_shipped_search_files_are_valid_and_apply_to_their_experiments():
     from pathlib import Path
 
-    from lab.report.search import check_search
+    from lab.report.search_spec import check_search
 
     for name in ("search_demo_max_rate", "search_llama70b_tp", "search_demo_max_goodput"):
         spec, path = load_search(Path(__file__).resolve().parent.parent / "experiments" / f"{name}.yaml")

@@ -531,7 +531,9 @@ def search(spec: Path = typer.Argument(..., help="search YAML file (docs/search.
     from lab.experiment.config import ConfigError, parse_set_option
     from lab.report.executors import ExecutorError
     from lab.report.output_folder import OutputDirError
-    from lab.report.search import load_search, run_search, search_markdown
+    from lab.report.search import run_search
+    from lab.report.search_report import search_markdown
+    from lab.report.search_spec import load_search
     from lab.workload.loaders import WorkloadError
     from policies import PolicyError
 

@@ -182,7 +182,7 @@ class SearchDisplay:
             self._bar = None
 
     def __call__(self, state) -> None:
-        from lab.report.search import probe_text, value_label
+        from lab.report.search_report import probe_text, value_label
 
         if state.last is not None:
             name, probe = state.last

@@ -82,7 +82,7 @@ _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 
 def expand_values(path: str, vals: list[Any] | dict[str, list[float]]) -> list[Any]:
     """An axis's values: a list as it is, or ``{range: [start, stop, step]}`` expanded (stop included; integers when
-    all three are). Also a search's ``values`` (lab/report/search.py).
+    all three are). Also a search's ``values`` (lab/report/search_spec.py).
 
     Raises:
         ValueError: a mapping other than ``{range: [start, stop, step]}``, a step <= 0, stop < start, or no values
