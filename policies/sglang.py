@@ -18,8 +18,22 @@ summarises it.
   ``(Σ generated + 20 * n) / Σ max_new_tokens`` over the requests still running.
 - **Retraction.** When the next decode step's tokens do not fit the free KV, running requests are retracted
   (recompute; the retracted request goes to the tail of the waiting queue and later re-hits its own cached
-  prefix) in SGLang's order — fewest generated tokens first, then longest prompt — until the free KV holds
-  ``20`` tokens per remaining request; at least one is retracted.
+  prefix) in SGLang's order — fewest generated tokens first, then longest prompt — until the next decode step of
+  the rest fits (``retract_rule: next_decode``, sglang 0.5 ``ScheduleBatch.retract_decode`` looping on
+  ``check_decode_mem``; older releases retracted until the free KV held ``retract_decode_steps`` = 20 tokens per
+  remaining request: ``decode_steps``); at least one is retracted, and the ratio becomes
+  ``(Σ generated + 20 · n) / (Σ max_new_tokens + 1)``.
+- **Overlap scheduler** (on by default in SGLang; ``--disable-overlap-schedule`` is ``engine.async_scheduling:
+  false``): the next batch is scheduled while the current one runs (the engine's async scheduling, with output
+  placeholders), so the CPU's scheduling work hides behind the GPU; a request whose last token is in flight is not
+  scheduled again.
+- **max_running_requests.** SGLang's default is ``min(pool tokens // 2, request-slot pool)``, the slot pool
+  ``min(max(pool tokens / context_len x 512, 2048), 4096)`` (sglang ``model_runner.py`` ``init_memory_pool``): for
+  ``policy.scheduler: sglang`` an unset ``engine.max_num_seqs`` takes it (lab/experiment/simulation.py), not
+  vLLM's per-GPU default.
+- **prefill_decode_interval** (``--prefill-decode-interval``, default 0 = off; sglang ``_should_defer_prefill`` /
+  ``_arm_prefill_decode_interval``): after a step that prefilled, the next N steps decode, even with a chunked
+  request pending.
 - **Orders** (``schedule_policy``): ``fcfs``; ``lof`` (longest ``max_new_tokens`` first); ``lpm`` (longest prefix
   match first) and ``dfs-weight`` (depth-first over the prefix tree, heavier subtrees first), both falling back
   to FCFS when more than 128 requests wait (SGLang applies the cap to ``lpm`` only; here it also bounds
@@ -42,8 +56,28 @@ from pydantic import BaseModel, ConfigDict, Field
 from lab.core.queues import FixedOrder, make_queue
 from lab.core.request import Request
 from lab.core.sched_api import EngineView, SchedulerBase, SchedulerConfig, SchedulerOutput
-from policies.common import (allocate_waiting, is_running, lookup, pick_victim, schedule_drafts, take_waiting,
-                             verify_tokens)
+from policies.common import (allocate_waiting, is_running, lookup, pick_victim, schedule_drafts, take_waiting)
+
+
+def decode_tokens(engine: EngineView, request: Request) -> int:
+    """Tokens a running request past its prompt computes in the next step: its last sampled token and its drafts
+    (``num_tokens + drafts + placeholders - computed``: 1 + k; the overlap scheduler counts the tokens of the step in
+    flight), cut at ``max_model_len``; 0 once the step in flight samples its last token."""
+    p = request.num_output_placeholders
+    c = request.num_computed_tokens
+    if p and c + 2 - p >= request.prompt_len + request.stop_at:
+        return 0
+    n = request.num_tokens + request.num_spec_tokens + p - c
+    cap = engine.config.max_model_len - 1 - c
+    return n if n <= cap else cap
+
+
+def sglang_max_running_requests(pool_tokens: int, context_len: int) -> int:
+    """SGLang's default ``--max-running-requests`` for a KV pool of ``pool_tokens`` tokens: ``pool_tokens // 2``, at
+    most the request-slot pool's size ``min(max(int(pool_tokens / context_len * 512), 2048), 4096)`` (sglang
+    ``model_executor/model_runner.py`` ``init_memory_pool`` and the scheduler's ``max_running_requests``)."""
+    slots = min(max(int(pool_tokens / max(context_len, 1) * 512), 2048), 4096)
+    return max(1, min(pool_tokens // 2, slots))
 
 
 class LongestOutputFirstQueue(FixedOrder):
@@ -141,6 +175,7 @@ class SGLangScheduler(SchedulerBase):
     name = "sglang"
     supports_speculation = True  # a decode step verifies each request's drafts (EAGLE worker, topk 1)
     admits_kv_holding = True  # (policies/common.py next_waiting)
+    supports_async = True  # SGLang's overlap scheduler: tokens in flight counted (decode_tokens)
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -153,7 +188,13 @@ class SGLangScheduler(SchedulerBase):
         min_new_token_ratio_factor: float = Field(0.14, gt=0, le=1, description="floor of the ratio, as a fraction of the initial one")
         new_token_ratio_decay_steps: int = Field(600, ge=1, description="decode steps to decay from the initial ratio to its floor")
         clip_max_new_tokens: int = Field(4096, ge=1, description="max_new_tokens clipped to this in the KV estimate")
-        retract_decode_steps: int = Field(20, ge=1, description="free tokens per remaining request a retraction secures")
+        retract_decode_steps: int = Field(20, ge=1, description="decode steps per remaining request in the ratio "
+                                          "after a retraction (and the decode_steps rule's target)")
+        retract_rule: Literal["next_decode", "decode_steps"] = Field(
+            "next_decode", description="retract until the next decode fits (sglang 0.5), or until retract_decode_steps "
+            "tokens per remaining request are free (older sglang)")
+        prefill_decode_interval: int = Field(0, ge=0, description="decode steps forced after each prefill step "
+                                             "(--prefill-decode-interval; 0 = off)")
         enable_mixed_chunk: bool = Field(False, description="running requests decode in prefill steps too")
         cache_aware_max_waiting: int = Field(128, ge=1, description="lpm / dfs-weight fall back to fcfs above this many waiting")
 
@@ -167,6 +208,7 @@ class SGLangScheduler(SchedulerBase):
         self.batch_is_full = False
         self._expected_bs = 0
         self.num_retractions = 0
+        self._defer_prefill = 0  # decode steps still forced by prefill_decode_interval
 
     def make_queue(self, config: SchedulerConfig):
         """``lof`` keeps its own heap; other orders use the engine's FCFS deque or priority heap."""
@@ -186,11 +228,19 @@ class SGLangScheduler(SchedulerBase):
         decoding = [r for r in running if r is not chunked]
         if len(decoding) < self._expected_bs:
             self.batch_is_full = False  # a request finished: the batch has room again
-        out = self._prefill(engine, decoding)
+        if self._defer_prefill and decoding:  # _should_defer_prefill (a chunked request waits too)
+            self._defer_prefill -= 1
+            out = SchedulerOutput()
+        else:
+            self._defer_prefill = 0
+            out = self._prefill(engine, decoding)
+            if out.requests:  # _arm_prefill_decode_interval: a prefill step ran
+                self._defer_prefill = self.options.prefill_decode_interval
         if not out.requests:
             self._decode(engine, decoding, out)
-        if not out.requests and engine.running:
-            # Only the chunked request is left and even it cannot get a chunk: retract it (never expected).
+        if not out.requests and engine.running and not any(r.num_output_placeholders for r in engine.running):
+            # Only the chunked request is left and even it cannot get a chunk: retract it (never expected; with
+            # the overlap scheduler a schedule may be empty while the step in flight samples the last tokens).
             r = engine.running[-1]
             engine.preempt(r, reason="SGLang: no prefill or decode could be scheduled", requeue="tail")
             out.preempted.append(r)
@@ -297,12 +347,11 @@ class SGLangScheduler(SchedulerBase):
                     break
 
         if mixed and out.requests:
-            need = sum(max(0, -(-(d.num_computed_tokens + 1 + d.num_spec_tokens) // bs) - len(d.blocks))
-                       for d in decoding)
+            ns = [decode_tokens(engine, d) for d in decoding]
+            need = sum(max(0, -(-(d.num_computed_tokens + n) // bs) - len(d.blocks)) for d, n in zip(decoding, ns) if n)
             if need <= kv.num_free_blocks:
-                for d in decoding:
-                    n = verify_tokens(engine, d)
-                    if kv.allocate_slots(d, n):
+                for d, n in zip(decoding, ns):
+                    if n > 0 and kv.allocate_slots(d, n):
                         out.add(d, n)
                         if d.num_spec_tokens:
                             schedule_drafts(out, d, n)
@@ -312,10 +361,10 @@ class SGLangScheduler(SchedulerBase):
         if not decoding:
             return
         kv = engine.kv
-        bs = kv.block_size
-        need = sum(max(0, -(-(r.num_computed_tokens + 1 + r.num_spec_tokens) // bs) - len(r.blocks))
-                   for r in decoding)
-        if need > kv.num_free_blocks:
+        decoding = [r for r in decoding if decode_tokens(engine, r) > 0]  # (not one whose last token is in flight)
+        if not decoding:
+            return
+        if self._decode_need(engine, decoding) > kv.num_free_blocks:
             decoding = self._retract(engine, decoding, out)
         else:
             self.new_token_ratio = max(self.new_token_ratio - self.decay, self.min_ratio)
@@ -323,7 +372,7 @@ class SGLangScheduler(SchedulerBase):
         for r in decoding:
             if not is_running(r):
                 continue
-            n = verify_tokens(engine, r)  # EAGLE/MTP verify: the sampled token and its drafts (topk 1 chain)
+            n = decode_tokens(engine, r)  # EAGLE/MTP verify: the sampled token and its drafts (topk 1 chain)
             if not kv.allocate_slots(r, n, num_lookahead_tokens=lookahead):
                 engine.preempt(r, reason="SGLang: decode out of KV after retraction", requeue="tail")
                 out.preempted.append(r)
@@ -332,9 +381,17 @@ class SGLangScheduler(SchedulerBase):
             if r.num_spec_tokens:
                 schedule_drafts(out, r, n)
 
+    @staticmethod
+    def _decode_need(engine: EngineView, decoding: list[Request]) -> int:
+        """New blocks the next decode step of ``decoding`` takes (``check_decode_mem``)."""
+        bs = engine.kv.block_size
+        return sum(max(0, -(-(r.num_computed_tokens + decode_tokens(engine, r)) // bs) - len(r.blocks))
+                   for r in decoding)
+
     def _retract(self, engine: EngineView, decoding: list[Request], out: SchedulerOutput) -> list[Request]:
-        """``retract_decode``: retract until the free KV holds ``retract_decode_steps`` tokens per remaining
-        request (at least one retraction), then re-estimate ``new_token_ratio``."""
+        """``retract_decode``: retract until the next decode step of the rest fits (``next_decode``) or the free KV
+        holds ``retract_decode_steps`` tokens per remaining request (``decode_steps``), at least one retraction,
+        then re-estimate ``new_token_ratio``."""
         o = self.options
         kv = engine.kv
         rule = engine.config.preemption_victim
@@ -343,7 +400,8 @@ class SGLangScheduler(SchedulerBase):
         else:
             order = list(decoding)
         first = True
-        while first or kv.num_free_blocks * kv.block_size < o.retract_decode_steps * len(order):
+        while first or (self._decode_need(engine, order) > kv.num_free_blocks if o.retract_rule == "next_decode"
+                        else kv.num_free_blocks * kv.block_size < o.retract_decode_steps * len(order)):
             if len(order) == 1:
                 break
             first = False
@@ -357,8 +415,8 @@ class SGLangScheduler(SchedulerBase):
             self.num_retractions += 1
         total_decoded = sum(r.num_output_tokens for r in order)
         total_max = sum(r.max_tokens for r in order)
-        if total_max:
-            self.new_token_ratio = min(1.0, (total_decoded + o.retract_decode_steps * len(order)) / total_max)
+        if order:
+            self.new_token_ratio = min(1.0, (total_decoded + o.retract_decode_steps * len(order)) / (total_max + 1))
         self.batch_is_full = False
         # keep admission order for the decode batch
         keep = {id(r) for r in order}

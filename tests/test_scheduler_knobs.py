@@ -184,3 +184,57 @@ def test_knobs_outside_their_era_are_refused():
     assert any("skips_blocked_waiting" in r for r in refusals(sg))
     with pytest.raises(ConfigError, match="max_long_partial_prefills"):
         _exp(max_num_partial_prefills=2, max_long_partial_prefills=3)
+
+
+# ---- SGLang against its current source ----
+def _sglang_retraction(rule):
+    from policies.sglang import SGLangScheduler
+    # 12 usable blocks of 4; three 8-token prompts admitted together (clip 1: each reserves one token), each holding
+    # 4 blocks at 16 tokens: at t = 9 every decode needs a fifth block and none is free
+    sched = SGLangScheduler(SGLangScheduler.Options(clip_max_new_tokens=1, retract_rule=rule))
+    env, inst, _ = make_engine(num_gpu_blocks=13, block_size=4, max_num_batched_tokens=100, scheduler=sched)
+    rs = [req(i, 8, 20) for i in range(3)]
+    run(env, inst, rs)
+    return sorted((e[0], r.request_id) for r in rs for e in r.events if e[1] == "preempted")
+
+
+def test_sglang_retracts_until_the_next_decode_fits():
+    # sglang 0.5 retract_decode loops on check_decode_mem: one retraction (the request with the fewest outputs and,
+    # among equals, the last) frees 4 blocks, enough for the other two decodes
+    assert [e for e in _sglang_retraction("next_decode") if e[0] == 9.0] == [(9.0, "2")]
+    # the older rule wanted 20 free tokens per remaining request: 16 < 40, so a second retraction
+    assert [e for e in _sglang_retraction("decode_steps") if e[0] == 9.0] == [(9.0, "1"), (9.0, "2")]
+
+
+def test_sglang_prefill_decode_interval_forces_decodes_after_a_prefill():
+    from policies.sglang import SGLangScheduler
+
+    def shapes(interval):
+        env, inst, cost = make_engine(max_num_batched_tokens=100,
+                                      scheduler=SGLangScheduler(SGLangScheduler.Options(prefill_decode_interval=interval)))
+        run(env, inst, [req(0, 4, 6), req(1, 8, 2, t=1.5), req(2, 8, 2, t=2.5)])
+        return [(s.prefill_new, s.num_decodes) for s in cost.shapes][:5]
+    # prefill first: c's prompt right after b's; with an interval of 1 a decode step comes between
+    assert shapes(0)[2:4] == [([8], 0), ([8], 0)]
+    assert shapes(1)[2:5] == [([8], 0), ([], 2), ([8], 0)]
+
+
+def test_sglang_overlap_scheduler_hides_the_cpu_time():
+    from lab.engine.instance import EngineOptions
+    from policies.sglang import SGLangScheduler
+    for overlap, finish in ((False, 7.5), (True, 5.5)):  # 1 s steps, 0.5 s of CPU work per step, 5 tokens
+        env, inst, _ = make_engine(max_num_batched_tokens=100, scheduler=SGLangScheduler(),
+                                   options=EngineOptions(async_scheduling=overlap, cpu_base_s=0.5))
+        a = req(0, 4, 5)
+        run(env, inst, [a])
+        assert a.finish_time == finish
+
+
+def test_sglang_max_running_requests_default_follows_its_kv_pool():
+    from policies.sglang import sglang_max_running_requests
+    assert sglang_max_running_requests(460_000, 131_072) == 2048  # slot pool floor
+    assert sglang_max_running_requests(100_000, 4_096) == 4096  # slot pool cap
+    assert sglang_max_running_requests(3_000, 4_096) == 1500  # half the pool
+    d = build_deployment(parse_experiment({**BASE, "engine": {"num_gpu_blocks": 1001, "max_model_len": 4096},
+                                           "policy": {"scheduler": "sglang"}}, source="k.yaml"))
+    assert d.scheduler_config.max_num_seqs == 2048 and d.engine_options.async_scheduling  # 16,000 tokens

@@ -301,6 +301,10 @@ def build_deployment(exp: Experiment, kv_connector: bool = False) -> Deployment:
         blocks, capacity = e.num_gpu_blocks, None
     else:
         blocks, capacity = derived.num_gpu_blocks, derived  # type: ignore[union-attr]
+    sglang = scheduler_name(exp) == "sglang"
+    if sglang and e.max_num_seqs is None:  # SGLang's --max-running-requests default, from its KV pool
+        from policies.sglang import sglang_max_running_requests  # noqa: PLC0415
+        max_num_seqs = sglang_max_running_requests((blocks - 1) * block_size, max_model_len)
     threshold = e.long_prefill_token_threshold
     if e.max_num_partial_prefills > 1 and not threshold:  # vLLM V0: 4 % of max_model_len (vllm/config.py)
         threshold = int(max_model_len * 0.04)
@@ -330,7 +334,8 @@ def build_deployment(exp: Experiment, kv_connector: bool = False) -> Deployment:
     sizes: tuple[int, ...] = ()
     if e.cudagraph:
         sizes = tuple(sorted(e.cudagraph_capture_sizes)) if e.cudagraph_capture_sizes else default_capture_sizes(max_num_seqs)
-    async_ = _async_scheduling(exp, pick("async_scheduling"))
+    # SGLang's overlap scheduler is on by default whatever the vLLM era (--disable-overlap-schedule turns it off)
+    async_ = _async_scheduling(exp, True if sglang and e.async_scheduling is None else pick("async_scheduling"))
     if drafter is not None:
         if spec.method != "ngram" and sizes:  # vLLM rounds the capture sizes to multiples of 1 + k
             sizes = spec_setup.spec_capture_sizes(sizes, spec.num_speculative_tokens, max_num_seqs, mbt,
