@@ -246,6 +246,7 @@ def test_console_script_freezes_the_heap_as_it_ends(monkeypatch):
     # the last collection at interpreter exit would traverse a finished run's objects: main() freezes them, on
     # success and on an error exit alike (SystemExit from typer)
     import gc
+    import sys
 
     import lab.cli.main as cli
 
@@ -254,7 +255,7 @@ def test_console_script_freezes_the_heap_as_it_ends(monkeypatch):
     with pytest.raises(SystemExit) as ok:
         cli.app(["--help"])
     assert ok.value.code == 0 and not frozen  # app alone does not freeze
-    monkeypatch.setattr(cli.sys, "argv", ["servelab", "run", "does_not_exist.yaml"])
+    monkeypatch.setattr(sys, "argv", ["servelab", "run", "does_not_exist.yaml"])
     with pytest.raises(SystemExit) as failed:
         cli.main()
     assert failed.value.code == 2 and frozen == [True]

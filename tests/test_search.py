@@ -538,10 +538,10 @@ re_raw = re.compile(r"\d+\.\d{5,}")
 
 
 def test_the_default_folder_with_set_is_not_the_files(tmp_path, monkeypatch):
-    from lab.cli.main import _suffixed
+    from lab.cli.common import suffixed_name
 
-    assert _suffixed("s", None) == "s"
-    assert _suffixed("s", ["engine.max_num_seqs=16"]) == "s+engine.max_num_seqs=16"
+    assert suffixed_name("s", None) == "s"
+    assert suffixed_name("s", ["engine.max_num_seqs=16"]) == "s+engine.max_num_seqs=16"
 
 
 def test_the_shipped_search_files_are_valid_and_apply_to_their_experiments():
