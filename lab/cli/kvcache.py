@@ -13,6 +13,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from lab.cli.common import DATA_OPT
+
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
@@ -61,7 +63,7 @@ def kv(experiment: Optional[Path] = typer.Argument(None, help="an experiment fil
        max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="with --model"),
        version: str = typer.Option("0.33", "--vllm-version", help="with --model: 0.33, 0.19 or 0.11"),
        sets: Optional[list[str]] = typer.Option(None, "--set", help="FIELD.PATH=VALUE override (repeatable)"),
-       data_dir: Optional[Path] = typer.Option(None, "--data-dir")) -> None:
+       data_dir: Optional[Path] = DATA_OPT) -> None:
     """The KV cache vLLM configures for an experiment or a model: KV cache groups (full attention, sliding window,
     chunked, Mamba / linear attention), block size, blocks per request, and the "GPU KV cache size" / "Maximum
     concurrency" lines vLLM of that version prints (docs/hybrid_models.md)."""
