@@ -238,3 +238,57 @@ def test_sglang_max_running_requests_default_follows_its_kv_pool():
     d = build_deployment(parse_experiment({**BASE, "engine": {"num_gpu_blocks": 1001, "max_model_len": 4096},
                                            "policy": {"scheduler": "sglang"}}, source="k.yaml"))
     assert d.scheduler_config.max_num_seqs == 2048 and d.engine_options.async_scheduling  # 16,000 tokens
+
+
+# ---- prefill/decode disaggregation: first-token placement, one-token requests, the router's terms ----
+def _pd(**transfer):
+    from lab.experiment.simulation import simulate
+    d = {**BASE, "hardware": {"gpu": "H100-SXM5-80GB"}, "engine": {"max_model_len": 4096},
+         "frontend": {"request_s": 0.0, "per_prompt_token_s": 0.0, "per_output_token_s": 0.0},
+         "workload": {"source": "synthetic", "num_requests": 6, "rate": 2.0,
+                      "prompt_tokens": {"kind": "constant", "value": 300},
+                      "output_tokens": {"kind": "constant", "value": 5}},
+         "deployment": {"mode": "disaggregated", "prefill": {"count": 1}, "decode": {"count": 1},
+                        "transfer": transfer},
+         "simulation": {"record_events": True}}
+    res = simulate(parse_experiment(d, source="k.yaml"))
+    return [r for r in res.requests]
+
+
+def test_first_token_placement():
+    # vLLM NIXL: D recomputes the last prompt token and samples the first token in its first step
+    for r in _pd(first_token="decode_recomputes"):
+        t = r.remote.times
+        assert r.first_token_time > t["d_ready"] and r.served_by == [0, 1]
+    # SGLang: P's token comes with the KV; D emits it when it learns the read ended, and decodes from token 2
+    for r in _pd(first_token="with_kv"):
+        assert r.first_token_time == r.remote.times["d_ready"] and r.num_output_tokens == 5
+    # DistServe: P's token is the first output, at P's step end; the gap to the second holds the transfer
+    for r in _pd(first_token="from_prefill"):
+        t = r.remote.times
+        assert r.first_token_time == t["p_done"] and r.num_output_tokens == 5
+        assert any(e[1] == "first_token" and e[0] == t["p_done"] for e in r.events)
+
+
+def test_a_one_token_request_finishes_on_prefill():
+    from lab.experiment.simulation import simulate
+    d = {**BASE, "hardware": {"gpu": "H100-SXM5-80GB"}, "engine": {"max_model_len": 4096},
+         "workload": {"source": "synthetic", "num_requests": 3, "rate": 2.0,
+                      "prompt_tokens": {"kind": "constant", "value": 300},
+                      "output_tokens": {"kind": "constant", "value": 1}},
+         "deployment": {"mode": "disaggregated", "prefill": {"count": 1}, "decode": {"count": 1}}}
+    for r in simulate(parse_experiment(d, source="k.yaml")).requests:
+        assert r.status.name == "FINISHED" and r.served_by == [0] and r.remote is None
+
+
+def test_the_router_dispatch_and_bootstrap_are_their_own_terms():
+    # sequential (vLLM's toy proxy): P's response, then the dispatch to D: handover + dispatch between P and D
+    for r in _pd(router="sequential", handover_ms=20, dispatch_ms=3, bootstrap_ms=50):
+        t = r.remote.times
+        assert t["d_arrived"] - t["p_done"] == pytest.approx(0.023)
+        assert r.arrival_time - r.sent_time == pytest.approx(0.003)  # the dispatch to P; no bootstrap
+    # parallel (SGLang's router): D has the request already; P waits for the bootstrap before prefilling
+    for r in _pd(router="parallel", handover_ms=20, dispatch_ms=3, bootstrap_ms=50):
+        t = r.remote.times
+        assert t["d_arrived"] == t["p_done"]
+        assert r.arrival_time - r.sent_time == pytest.approx(0.053)

@@ -245,7 +245,9 @@ class Cluster:
     # ---- prefill/decode disaggregation (vLLM NIXL pull; shared/specs/vllm-v1-scheduling.md §5) ----
     def _pin(self, request: Request, cost: TransferCost) -> None:
         """P finished the request: keep its blocks pinned for the reader (``delay_free``), start the lease, and
-        discard P's token (D recomputes the last prompt token and samples its own first token)."""
+        discard P's token (D recomputes the last prompt token and samples its own first token), or keep it
+        (``first_token`` ``with_kv``: D emits it when the KV has arrived; ``from_prefill``: it was the request's
+        first output, at P's step end)."""
         src = self.by_id[request.instance_id]
         pinned = src.kv.detach(request)
         src.num_pinned_blocks += len(pinned.blocks)
@@ -254,9 +256,12 @@ class Cluster:
         remote = RemoteKV(src, pinned, request.prompt_len, cost.per_token_bytes(request.prompt_len),
                           cost.drafter_bytes_per_token)
         remote.times.update(arrival=request.arrival_time, p_scheduled=request.first_scheduled_time, p_done=now)
+        remote.first_token = cost.first_token
         request.remote = remote
-        request.num_output_tokens = 0
-        request.first_token_time = request.last_token_time = None
+        if cost.first_token == "decode_recomputes":
+            request.num_output_tokens = 0
+        if cost.first_token != "from_prefill":
+            request.first_token_time = request.last_token_time = None
         request.num_computed_tokens = 0
         self.env.process(self._lease(remote, cost.lease_s))
 

@@ -109,6 +109,9 @@ class TransferCost:
         per_block_s: per-block descriptor overhead.
         latency_s: one-way link latency.
         lease_s: how long P keeps the blocks pinned waiting for D to start reading (vLLM ``kv_lease_duration``).
+        first_token: where the first output token comes from (``TransferConfig.first_token``): D recomputes it
+            (``decode_recomputes``, vLLM NIXL), P's travels with the KV and D emits it when the read ends
+            (``with_kv``, SGLang), or P's is the request's first output (``from_prefill``, DistServe).
         bytes_for: a hybrid model's bytes for a prompt of n tokens (every full-attention layer's KV of all of them,
             a windowed layer's KV of its window, one recurrent state per Mamba / linear-attention layer:
             lab/core/kv_groups.py ``HybridKV.bytes_to_send``), used instead of ``bytes_per_token`` for the target's
@@ -123,6 +126,7 @@ class TransferCost:
     latency_s: float = 5e-6
     lease_s: float = 30.0
     bytes_for: Callable[[int], float] | None = None
+    first_token: str = "decode_recomputes"
 
     def per_token_bytes(self, num_tokens: int) -> float:
         """KV bytes per token of a transfer of a ``num_tokens``-token prompt (the drafter's layers included)."""

@@ -39,6 +39,7 @@ class RemoteKV:
         drafter_bytes_per_token: the drafter's share of ``bytes_per_token``.
         expired: P's lease ran out before D started reading: P freed the blocks and D recomputes.
         num_loaded_tokens: tokens D read (prompt minus its own prefix hits); 0 until the read starts.
+        first_token: where the request's first output token comes from (lab/cluster/transfer.py ``TransferCost``).
     """
 
     source: object
@@ -50,6 +51,7 @@ class RemoteKV:
     num_loaded_tokens: int = 0
     d_instance: int | None = None
     times: dict = field(default_factory=dict)
+    first_token: str = "decode_recomputes"
 
     def release_pinned(self) -> None:
         """Free the blocks still pinned on P (after D's read, at lease expiry, or when D rejects the request)."""

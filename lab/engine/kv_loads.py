@@ -5,6 +5,7 @@ window, and the counters it keeps (``remote_pending``, ``loads_in_flight``, ``_l
 
 from __future__ import annotations
 
+from lab.core.outputs import record_first_token
 from lab.core.request import Request
 from lab.engine.window import delay_until
 
@@ -84,8 +85,11 @@ def admit_loaded(inst, requests: list[Request]) -> None:
     for r in reversed(requests):
         remote = r.remote
         if remote is not None:
-            c = r.num_tokens - 1
+            c = r.num_tokens - 1  # (the prompt, and P's first token when it came with the KV: its KV D computes)
             remote.times["d_ready"] = inst.now
+            if remote.first_token == "with_kv" and r.first_token_time is None:
+                record_first_token(r, inst.now)  # D emits P's token with the KV (SGLang's prebuilt batch)
+                r.last_token_time = inst.now
         else:
             c = min(inst.kv_offload.finish_load(r), r.num_tokens - 1)
         r.num_computed_tokens = c

@@ -411,10 +411,33 @@ class TransferConfig(_Strict):
     latency_us: float = Field(5.0, ge=0, description="one-way link latency")
     handshake_ms: float = Field(1.0, ge=0, description="per-request transfer setup and completion notice")
     per_block_us: float = Field(2.0, ge=0, description="per-block descriptor overhead")
-    handover_ms: float = Field(20.0, ge=0, description="P's output processing and the proxy hop to D")
+    handover_ms: float = Field(20.0, ge=0, description="sequential router: P's output processing and the router's "
+                               "turnaround before it dispatches to D")
+    router: Literal["sequential", "parallel"] = Field(
+        "sequential", description="sequential: the router sends the request to P, waits for P's response, then to "
+        "D (vLLM's toy proxy); parallel: to P and D at once, P prefills after the P-D bootstrap and hands the KV "
+        "straight to D (SGLang's router)")
+    dispatch_ms: float = Field(0.0, ge=0, description="the router's hop to an instance, per dispatch (to P at "
+                               "arrival; to D after P, sequential router)")
+    bootstrap_ms: float = Field(0.0, ge=0, description="parallel router: the P-D bootstrap handshake a request "
+                                "waits for before P may prefill it (SGLang's bootstrap queue)")
+    first_token: Literal["decode_recomputes", "with_kv", "from_prefill"] = Field(
+        "decode_recomputes", description="decode_recomputes: D recomputes the last prompt token and samples the "
+        "first token, P's is discarded (vLLM NIXL); with_kv: P's first token travels with the KV and D emits it "
+        "when the KV has arrived (SGLang); from_prefill: P's first token is the request's first output (DistServe)")
     kv_lease_s: float = Field(30.0, gt=0, description="P frees pinned blocks not read by then; D recomputes")
     transfer_drafter_kv: bool = Field(True, description="send the speculative drafter's KV too (vLLM does for "
                                       "EAGLE, EAGLE-3 and MTP)")
+
+    def hand_off_s(self) -> float:
+        """Seconds between P's last step and the request's arrival at D: the handover and the router's dispatch to
+        D (sequential router), none with the parallel router (D already has the request)."""
+        return (self.handover_ms + self.dispatch_ms) * 1e-3 if self.router == "sequential" else 0.0
+
+    def entry_s(self) -> float:
+        """Seconds between the request's arrival and its queue entry on P: the router's dispatch, and with the
+        parallel router the P-D bootstrap."""
+        return (self.dispatch_ms + (self.bootstrap_ms if self.router == "parallel" else 0.0)) * 1e-3
 
 
 class DeploymentConfig(_Strict):
@@ -712,7 +735,7 @@ class Experiment(_Strict):
         roles = []
         for name, role in (("prefill", d.prefill), ("decode", d.decode)):
             assert role is not None
-            hand_off = HandOffConfig(to="decode", after_output_tokens=1, delay_s=d.transfer.handover_ms * 1e-3) \
+            hand_off = HandOffConfig(to="decode", after_output_tokens=1, delay_s=d.transfer.hand_off_s()) \
                 if name == "prefill" else None
             roles.append(PoolConfig(name=name, num_instances=role.count, hand_off=hand_off, hardware=role.hardware,
                                     engine=role.engine, policy=role.policy, cost_model=role.cost_model,

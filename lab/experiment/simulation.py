@@ -744,7 +744,7 @@ def _kv_transfer(exp: Experiment, sub: Experiment, dep: Deployment, pools: list,
                     if model.count_layers(k)) if model.count_layers("linear_attention", "mamba") else 0
         bytes_for = lambda n: groups.bytes_to_send(n, layer_bytes, state)  # noqa: E731
     cost = TransferCost(per_token + drafter, drafter, dep.block_size, t.handshake_ms * 1e-3,
-                        t.per_block_us * 1e-6, t.latency_us * 1e-6, t.kv_lease_s, bytes_for)
+                        t.per_block_us * 1e-6, t.latency_us * 1e-6, t.kv_lease_s, bytes_for, t.first_token)
     return cost, per_gpu * links
 
 
@@ -754,10 +754,13 @@ RDMA_NIC_BYTES_PER_S = 50e9
 
 def frontend_cost(exp: Experiment) -> FrontEndCost:
     """The experiment's API-server times (``frontend``; lab/cluster/frontend.py): each field set, else vLLM's for
-    ``engine.vllm_version`` (``FRONTEND_DEFAULTS``, public measurements)."""
+    ``engine.vllm_version`` (``FRONTEND_DEFAULTS``, public measurements). A disaggregated deployment's router adds
+    its way in to P (``deployment.transfer`` ``entry_s``: the dispatch, and the P-D bootstrap of a parallel
+    router) to the time in."""
     d = FRONTEND_DEFAULTS.get(exp.engine.vllm_version) or FRONTEND_DEFAULTS["0.11"]  # (V0: the oldest measured era)
     f = exp.frontend.model_copy(update={k: d[k] for k in d if getattr(exp.frontend, k) is None})
-    return FrontEndCost(f.request_s, f.per_prompt_token_s, f.per_output_token_s)
+    entry = exp.deployment.transfer.entry_s() if exp.deployment.mode == "disaggregated" else 0.0
+    return FrontEndCost(f.request_s + entry, f.per_prompt_token_s, f.per_output_token_s)
 
 
 def closed_loop_concurrency(exp: Experiment) -> int | None:

@@ -247,6 +247,11 @@ def ttft_decomposition(r: Request) -> tuple:
         return (nan, nan) + (nan,) * 7 + (0.0, 0.0, False)
     t = remote.times
     marks = [t.get(k) for k in _PD_MARKS] + [r.first_token_time]
+    if remote.first_token == "from_prefill":  # the first token was P's: TTFT is P's queue and prefill
+        marks[3:] = [None] * (len(marks) - 4) + [r.first_token_time]
+        marks[2] = r.first_token_time
+    elif remote.first_token == "with_kv":  # D emits P's token when the read ends: no D queue, no first decode
+        marks[6] = marks[7] = r.first_token_time
     parts = [b - a if a is not None and b is not None else nan for a, b in zip(marks, marks[1:])]
     return (remote.source.instance_id, remote.d_instance, *parts, remote.bytes, remote.drafter_bytes, remote.expired)
 
