@@ -38,6 +38,8 @@ class CostModel(Protocol):
 
     def stage_times(self, shape: BatchShape, stage_layers: Sequence[int]) -> list[float]: ...
 
+    def host_time(self, shape: BatchShape) -> float: ...
+
 
 class CostModelBase:
     """Defaults for a cost model that implements ``step_time`` (and optionally ``breakdown``)."""
@@ -71,6 +73,12 @@ class CostModelBase:
         scalar form of :meth:`decode_times` for a fast-forward between two arrivals (tens of steps, where numpy's
         cost per call outweighs its work). None = not offered (the fast-forward then uses ``decode_times``)."""
         return None
+
+    def host_time(self, shape: BatchShape) -> float:
+        """CPU seconds the step adds to the engine's per-step CPU work beyond ``EngineOptions``' terms (under async
+        scheduling the engine overlaps them with the step in flight; lab/engine/instance.py ``step_cpu_time``).
+        Default 0; a speculative step's proposer launches (lab/costmodel/spec_step.py)."""
+        return 0.0
 
     def stage_times(self, shape: BatchShape, stage_layers: Sequence[int]) -> list[float]:
         """Seconds each pipeline stage spends on this micro-batch, stage order; they sum to ``step_time``.

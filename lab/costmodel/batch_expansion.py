@@ -41,8 +41,8 @@ class BatchExpansionCostModel(CostModelBase):
     def __init__(self, inner: CostModel) -> None:
         self.inner = inner
         self.name = f"{inner.name} (V0 batch-expansion scoring)"
-        self.uses_decode_range = getattr(inner, "uses_decode_range", True)
-        self.uses_decode_list = getattr(inner, "uses_decode_list", True)
+        self.uses_decode_range = inner.uses_decode_range
+        self.uses_decode_list = inner.uses_decode_list
 
     def step_time(self, shape: BatchShape) -> float:
         return self.inner.step_time(expanded(shape))

@@ -695,9 +695,9 @@ def kernel_backends(exp, model: ModelArch, hw: Hardware) -> tuple[str, str]:
     """
     e = exp.engine
     version = e.vllm_version
-    attention = getattr(e, "attention_backend", None) or default_attention_backend(model.is_mla, hw, version)
+    attention = e.attention_backend or default_attention_backend(model.is_mla, hw, version)
     variant = weight_variant(model, exp.model.dtype)
-    moe = getattr(e, "moe_backend", None) or default_moe_backend(variant, hw, version)
+    moe = e.moe_backend or default_moe_backend(variant, hw, version)
     check_attention_backend(attention, model.is_mla, hw, model.name)
     if model.is_moe:
         check_moe_backend(moe, variant, hw)

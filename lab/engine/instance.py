@@ -625,8 +625,7 @@ class Instance:
         opt = self.options
         cpu = (opt.cpu_base_s + opt.cpu_per_seq_s * shape.num_seqs + opt.cpu_per_token_s * shape.num_tokens
                + opt.cpu_per_new_request_s * self._admitted)
-        host = getattr(self.cost_model, "host_time", None)
-        return cpu + host(shape) if host is not None and self.async_scheduling else cpu
+        return cpu + self.cost_model.host_time(shape) if self.async_scheduling else cpu
 
     def price_step(self, step: ScheduledStep) -> None:
         """Fill ``step.stage_times``: the cost model's time per pipeline stage, with the step's CPU time and its
