@@ -103,9 +103,12 @@ def test_the_timeline_follows_each_requests_events(run):
     for r in timeline_sample(req).itertuples():
         row = by_label[f"req {r.request_id}"]
         phases = [s for s in row["segs"] if s[2] != "chunk"]
-        # back to back from arrival to finish: queued, prefill, decode, then preempted gaps and decode
+        # back to back from the client's send to the finish: the front end (API server), queued, prefill, decode,
+        # then preempted gaps and decode
         assert phases[0][0] == pytest.approx(r.arrival_time) and phases[-1][1] == pytest.approx(r.finish_time)
         assert all(a[1] == b[0] for a, b in zip(phases, phases[1:]))
+        assert phases[0][2] == "frontend" and phases[0][1] == pytest.approx(r.engine_arrival_time)
+        phases = phases[1:]
         kinds = [p[2] for p in phases]
         assert kinds[kinds[0] == "queued":][:2] == ["prefill", "decode"]  # no queued bar when scheduled on arrival
         assert sum(p[2] == "preempted" for p in phases) == r.num_preemptions

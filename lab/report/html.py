@@ -291,8 +291,8 @@ def request_timeline(req: pd.DataFrame, events: pd.DataFrame | None, steps_path:
                      summary: dict) -> tuple[list[dict], float, float, str]:
     """The timeline rows of :func:`timeline_sample`'s requests, its time window (s) and a note on what it shows.
 
-    Each row: ``label``, ``segs`` [[start, end, kind, detail]] with kind queued | prefill | decode | preempted |
-    transfer | chunk, and ``marks`` [[time, kind, detail]] with kind swap_out | swap_in | recompute | rejected.
+    Each row: ``label``, ``segs`` [[start, end, kind, detail]] with kind frontend | queued | prefill | decode |
+    preempted | transfer | chunk, and ``marks`` [[time, kind, detail]] with kind swap_out | swap_in | recompute | rejected.
     Phases come from the lifecycle events (arrived -> queued, scheduled -> prefill, first_token -> decode,
     preempted -> gap, resumed -> decode, handed_off -> transfer, received -> queued); without events, from the
     request rows (arrival, first scheduled, first token, finish). A ``chunk`` is an engine step of the request's
@@ -316,6 +316,12 @@ def request_timeline(req: pd.DataFrame, events: pd.DataFrame | None, steps_path:
         else:
             segs, marks = _phases_from_row(r, end_of_run)
             instances = [int(r.instance)] * len(segs)
+        engine_in = r.engine_arrival_time  # (NaN: no front end)
+        if engine_in == engine_in and segs and engine_in > r.arrival_time:
+            segs.insert(0, [float(r.arrival_time), float(engine_in), "frontend",
+                            f"API server {r.arrival_time:.4f}–{engine_in:.4f} s "
+                            f"({(engine_in - r.arrival_time) * 1000:.1f} ms before the engine's queue)"])
+            instances.insert(0, instances[0])
         rows.append({"label": label, "segs": segs, "marks": marks, "instances": instances})
     t0 = float(sample["arrival_time"].min())
     t1 = max([s[1] for row in rows for s in row["segs"]] + [m[0] for row in rows for m in row["marks"]] + [t0 + 1e-3])
@@ -324,7 +330,7 @@ def request_timeline(req: pd.DataFrame, events: pd.DataFrame | None, steps_path:
         del row["instances"]
     note = (f"{len(rows)} consecutive requests by arrival (of {len(req)}), centred on "
             + ("the middle preempted request" if (req["num_preemptions"] > 0).any() else "the middle of the run")
-            + ". Grey: queued; blue: prefill, dark ticks below it: the instance's engine steps that ran prefill "
+            + ". Light orange: in the API server before the engine's queue (the front end); grey: queued; blue: prefill, dark ticks below it: the instance's engine steps that ran prefill "
               "tokens during it (its chunks when it was the only prefill in flight; the step log does not say how "
               "many of a step's prefill tokens were this request's); green: decode; red: preempted; purple: "
               "hand-off between pools. Diamonds: swap-out / swap-in; brown triangles: resumed by recompute (the "

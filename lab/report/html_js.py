@@ -94,7 +94,7 @@ function lineChart(el,spec){
     out.textContent=(spec.xlabel||"x")+" = "+(spec.xcats?spec.xcats[at]:fmt(at))+":  "+parts.join(";  ");});
 }
 
-var KIND={queued:["queued","#c7c7c7"],prefill:["prefill","#1f77b4"],decode:["decode","#2ca02c"],
+var KIND={frontend:["front end (API server)","#ffbb78"],queued:["queued","#c7c7c7"],prefill:["prefill","#1f77b4"],decode:["decode","#2ca02c"],
   preempted:["preempted (gap)","#d62728"],transfer:["hand-off / KV transfer","#9467bd"],chunk:["step with prefill tokens","#0b3d66"]};
 var MARK={swap_out:["swap-out","#ff7f0e"],swap_in:["swap-in","#17becf"],recompute:["resume by recompute","#8c564b"],rejected:["rejected","#000"]};
 function gantt(el,spec){
