@@ -292,3 +292,28 @@ def test_the_router_dispatch_and_bootstrap_are_their_own_terms():
         t = r.remote.times
         assert t["d_arrived"] == t["p_done"]
         assert r.arrival_time - r.sent_time == pytest.approx(0.053)
+
+
+# ---- servelab search over PD placements, ranked per GPU ----
+def test_placement_grid_makes_disaggregated_candidates_and_per_gpu_ranks_them(tmp_path):
+    from lab.report.search import _cheapest_first
+    from lab.report.search_report import SearchResult
+    from lab.report.search_spec import SearchSpec, candidate_experiments
+    spec = SearchSpec.model_validate({
+        "base": {**BASE, "deployment": {"mode": "disaggregated", "prefill": {"count": 1}, "decode": {"count": 1}}},
+        "find": "max_rate", "low": 1, "high": 8, "slo": {"ttft_s": 0.25, "tpot_s": 0.1, "attainment": 0.9},
+        "rank": "per_gpu", "placement": {"prefill": {"count": [1, 2]}, "decode": {"count": [1], "tensor_parallel_size": [1, 2]}},
+        "candidates": {"colocated": {"deployment": {"mode": "colocated", "prefill": None, "decode": None}}}})
+    cands, _ = candidate_experiments(spec, tmp_path / "s.yaml")
+    names = [n for n, _ in cands]
+    assert names == ["colocated", "p1tp1-d1tp1", "p1tp1-d1tp2", "p2tp1-d1tp1", "p2tp1-d1tp2"]
+    data = dict(cands)["p2tp1-d1tp2"]
+    exp = parse_experiment(data, source="s.yaml")
+    assert exp.deployment.prefill.count == 2 and exp.deployment.decode.hardware["tensor_parallel_size"] == 2
+    # 6 req/s on 3 GPUs (2 per GPU) ranks after 3 req/s on 1 GPU, before 4 req/s on 4 GPUs
+    rs = [SearchResult("a", 6.0, 3, per_gpu=2.0), SearchResult("b", 3.0, 1, per_gpu=3.0),
+          SearchResult("c", 4.0, 4, per_gpu=1.0), SearchResult("d", None, None)]
+    assert [r.candidate for r in sorted(rs, key=lambda r: _cheapest_first(spec, r))] == ["b", "a", "c", "d"]
+    with pytest.raises(Exception, match="rank per_gpu"):
+        SearchSpec.model_validate({"base": {}, "find": "min_instances", "low": 1, "high": 4, "rank": "per_gpu",
+                                   "slo": {"ttft_s": 1, "percentile": 90}})

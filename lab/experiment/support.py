@@ -133,6 +133,14 @@ def _skip_blocked(exp: Experiment, sub: Experiment) -> bool:
     return sub.engine.skip_blocked_waiting > 0
 
 
+def _pd_first_token(exp: Experiment, sub: Experiment) -> bool:
+    return _pd(exp, sub) and exp.deployment.transfer.first_token != "decode_recomputes"
+
+
+def _pd_parallel_router(exp: Experiment, sub: Experiment) -> bool:
+    return _pd(exp, sub) and exp.deployment.transfer.router == "parallel"
+
+
 def _priority_preemption(exp: Experiment, sub: Experiment) -> bool:
     """A waiting request may preempt running ones: the priority queue with priority_preemption other than none
     (V0's rule is the default for vllm_version 0.6)."""
@@ -206,6 +214,10 @@ FEATURES: tuple[Feature, ...] = (
             _partial_prefills),
     Feature("skiphol", "admission past a blocked waiting request", "engine.skip_blocked_waiting > 0", _skip_blocked,
             needs="skips_blocked_waiting"),
+    Feature("pdtoken", "PD: the first token from P (with the KV, SGLang; or as the first output, DistServe)",
+            "deployment.transfer.first_token: with_kv / from_prefill", _pd_first_token),
+    Feature("pdrouter", "PD: the router sends to P and D at once (SGLang's bootstrap)",
+            "deployment.transfer.router: parallel", _pd_parallel_router),
     Feature("prioritypre", "a waiting request preempting running ones for priority",
             "policy.queue: priority with engine.priority_preemption (v0: the 0.6 default)", _priority_preemption,
             needs="preempts_for_priority"),

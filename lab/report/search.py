@@ -281,6 +281,8 @@ def _cheapest_first(spec: SearchSpec, r: SearchResult) -> tuple:
     """Sort key of the answers: an answer before none, fewer GPUs first, then the larger answer for a max search
     (the smaller for ``min_instances``), the most goodput for ``max_goodput``."""
     gpus = r.gpus if r.gpus is not None else math.inf
+    if spec.rank == "per_gpu":  # DistServe: the most goodput (or rate) per GPU first
+        return (r.value is None or r.per_gpu is None, -(r.per_gpu or 0.0), gpus)
     if spec.find == "max_goodput":
         return (r.value is None, gpus, -(r.goodput or 0.0))
     return (r.value is None, gpus, -(r.value or 0) if spec.find != "min_instances" else (r.value or 0))
@@ -302,4 +304,6 @@ def _result(spec: SearchSpec, plan: SearchPlan, base_dir: Path, data_dir: str | 
         exp = parse_experiment(with_field(plan.data, spec.dotted, value), spec.name, base_dir, data_dir)
         result.gpus = deployment_gpus(exp)
         result.goodput = plan.probes[value].figures.get("goodput") if value in plan.probes else None
+        per = result.goodput if spec.find == "max_goodput" else value
+        result.per_gpu = per / result.gpus if per is not None and result.gpus else None
     return result

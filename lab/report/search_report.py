@@ -27,6 +27,7 @@ class SearchResult:
     probes: list[Probe] = field(default_factory=list)
     error: str = ""  # why the candidate could not run at all (e.g. the model does not fit)
     goodput: float | None = None
+    per_gpu: float | None = None  # the answer (max_goodput: its goodput) per GPU
 
 
 def search_json(results: list[SearchResult]) -> str:
@@ -36,7 +37,7 @@ def search_json(results: list[SearchResult]) -> str:
     and not on the search's path) and the figures of lab/report/search_judge.py ``probe_figures`` (seconds, req/s,
     shares in 0..1)."""
     return json.dumps([{"candidate": r.candidate, "value": r.value, "gpus": r.gpus, "goodput": r.goodput,
-                        "error": r.error,
+                        "per_gpu": r.per_gpu, "error": r.error,
                         "probes": [{"value": p.value, "ok": p.ok, "needed": p.needed, **p.figures} for p in r.probes]}
                        for r in results], indent=1)
 
@@ -151,8 +152,12 @@ def search_markdown(spec: SearchSpec, results: list[SearchResult]) -> str:
     took; then every probe in words (:func:`probe_text`)."""
     dotted = spec.dotted
     answer = _ANSWER_LABEL.get(spec.find, f"{dotted} with the most goodput")
+    per = spec.rank == "per_gpu"
     lines = [f"# {spec.name}: {spec.find} ({dotted})", "", f"SLO: {slo_text(spec.slo)}.", "",
-             f"| candidate | {answer} | GPUs | goodput (req/s) | probes |", "|---|---:|---:|---:|---:|"]
+             (f"Ranked by the {'goodput' if spec.find == 'max_goodput' else 'answer'} per GPU (most first)." if per
+              else "Ranked by GPUs (fewest first), then the answer."), "",
+             f"| candidate | {answer} | GPUs | goodput (req/s) |{' per GPU |' if per else ''} probes |",
+             "|---|---:|---:|---:|" + ("---:|" if per else "") + "---:|"]
     for r in results:
         if r.error:
             val = f"cannot run: {r.error}"
@@ -161,7 +166,8 @@ def search_markdown(spec: SearchSpec, results: list[SearchResult]) -> str:
         else:
             val = value_label(r.value)
         good = number(r.goodput) if r.goodput is not None else "–"
-        lines.append(f"| {r.candidate} | {val} | {r.gpus if r.gpus is not None else '–'} | {good} | "
+        per_gpu = (f" {number(r.per_gpu)} |" if r.per_gpu is not None else " – |") if per else ""
+        lines.append(f"| {r.candidate} | {val} | {r.gpus if r.gpus is not None else '–'} | {good} |{per_gpu} "
                      f"{len(r.probes)} |")
     lines += ["", "Probes (the search's path in order; those simulated ahead and not needed last):", ""]
     for r in results:

@@ -89,6 +89,47 @@ class SearchSLO(BaseModel):
         return self.percentile is not None or self.attainment is not None
 
 
+class RoleGrid(BaseModel):
+    """The values a placement search tries for one role of a disaggregated deployment."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: list[int] = Field(min_length=1, description="instances of the role")
+    tensor_parallel_size: list[int] = Field([1], min_length=1)
+    pipeline_parallel_size: list[int] = Field([1], min_length=1)
+
+    @field_validator("count", "tensor_parallel_size", "pipeline_parallel_size")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(x < 1 for x in v) or len(set(v)) != len(v):
+            raise ValueError(f"expected distinct positive integers, got {v}")
+        return v
+
+    def options(self) -> list[tuple[int, int, int]]:
+        """Every (count, TP, PP) of the grid."""
+        return [(c, t, p) for c in self.count for t in self.tensor_parallel_size for p in self.pipeline_parallel_size]
+
+
+class PlacementSpec(BaseModel):
+    """DistServe's placement search (OSDI'24 §4, Algorithm 1 in spirit: every parallelism of each phase, simulated,
+    the one with the most goodput per GPU): every combination of the prefill and decode roles' instance counts and
+    parallelism becomes a candidate (``p<count>tp<tp>[pp<pp>]-d<count>tp<tp>[pp<pp>]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    prefill: RoleGrid
+    decode: RoleGrid
+
+    def candidates(self) -> dict[str, dict[str, Any]]:
+        """Candidate name -> the overrides that make it (a disaggregated deployment of that shape)."""
+        def label(role: str, c: int, t: int, p: int) -> str:
+            return f"{role}{c}tp{t}" + (f"pp{p}" if p > 1 else "")
+
+        def role(c: int, t: int, p: int) -> dict[str, Any]:
+            return {"count": c, "hardware": {"tensor_parallel_size": t, "pipeline_parallel_size": p}}
+        return {f"{label('p', *a)}-{label('d', *b)}": {"deployment": {"mode": "disaggregated", "prefill": role(*a),
+                                                                      "decode": role(*b)}}
+                for a in self.prefill.options() for b in self.decode.options()}
+
+
 class SearchSpec(BaseModel):
     """A search file (see the module docstring)."""
 
@@ -111,6 +152,11 @@ class SearchSpec(BaseModel):
                                       "not sustaining its load")
     jobs: int = Field(1, ge=1, description="probes simulated at once (--jobs overrides)")
     candidates: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    placement: PlacementSpec | None = Field(None, description="prefill/decode placements tried as candidates (beside "
+                                            "any candidates given)")
+    rank: Literal["gpus", "per_gpu"] = Field("gpus", description="gpus: fewest GPUs first, then the answer; "
+                                             "per_gpu: the answer per GPU (max rate or goodput / GPUs), DistServe's "
+                                             "per-GPU goodput")
 
     @field_validator("candidates")
     @classmethod
@@ -122,6 +168,13 @@ class SearchSpec(BaseModel):
 
     @model_validator(mode="after")
     def _bracket(self) -> "SearchSpec":
+        if self.rank == "per_gpu" and self.find == "min_instances":
+            raise ValueError("rank per_gpu ranks an answer per GPU (a rate, or goodput); find min_instances answers "
+                             "a count of instances: use rank gpus")
+        if self.placement is not None:
+            clash = set(self.placement.candidates()) & set(self.candidates)
+            if clash:
+                raise ValueError(f"candidates {sorted(clash)} repeat names the placement grid makes")
         if self.find == "max_goodput":
             return self._grid()
         if self.values is not None:
@@ -213,8 +266,11 @@ def candidate_experiments(spec: SearchSpec, where: Path,
     base alone as ``base``), and the folder relative paths of the base resolve in. Raises ConfigError: the base
     cannot be read."""
     base, base_dir = _base_data(spec, where)
+    named = dict(spec.candidates)
+    if spec.placement is not None:
+        named.update(spec.placement.candidates())
     return [(name, deep_merge(deep_merge(base, over), overrides or {}))
-            for name, over in (spec.candidates or {"base": {}}).items()], base_dir
+            for name, over in (named or {"base": {}}).items()], base_dir
 
 
 def searched_value(spec: SearchSpec, value: Any) -> Any:
