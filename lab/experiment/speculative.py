@@ -31,7 +31,7 @@ from lab.costmodel.hardware import Hardware
 from lab.costmodel.model_arch import ModelArch, load_model, resolve_kv_dtype
 from lab.costmodel.spec_step import SpecDecodeCostModel, spec_capture_sizes  # noqa: F401 (used by simulation)
 from lab.costmodel.speculative import Drafter, make_drafter
-from lab.experiment.config import Experiment
+from lab.experiment.schema import Experiment
 
 _EAGLE3_LLAMA = (0.7296, 0.5208 / 0.7296, 0.3545 / 0.5208)
 _EAGLE3_QWEN3 = (0.6541, 0.3993 / 0.6541, 0.2020 / 0.3993)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from lab.experiment.config import ConfigError, Experiment, pool_experiments, scheduler_name
+from lab.experiment.schema import ConfigError, Experiment, pool_experiments, scheduler_name
 
 # A feature's test: (the whole experiment, one pool's view of it) -> on or off in that pool.
 Test = Callable[[Experiment, Experiment], bool]

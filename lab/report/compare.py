@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from lab.experiment.config import ConfigError, _format_errors, deep_merge, parse_experiment, read_yaml
+from lab.experiment.config import ConfigError, deep_merge, format_errors, parse_experiment, read_yaml
 from lab.report.metrics import latency_samples
 from lab.experiment.simulation import simulate
 from lab.report.plots import draw_slo, pyplot, series_style, shared_legend
@@ -180,7 +180,7 @@ def load_comparison(path: str | Path, data_dir: str | Path | None = None,
     try:
         spec = ComparisonSpec.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_format_errors(str(p), e, ComparisonSpec).replace("invalid experiment", "invalid comparison")) from None
+        raise ConfigError(format_errors(str(p), e, ComparisonSpec).replace("invalid experiment", "invalid comparison")) from None
     if groups:
         unknown = [g for g in groups if g not in spec.groups]
         if unknown:

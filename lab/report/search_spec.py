@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lab.experiment.config import (ConfigError, Experiment, _format_errors, deep_merge, parse_experiment,
+from lab.experiment.config import (ConfigError, Experiment, deep_merge, format_errors, parse_experiment,
                                    read_yaml)
 from lab.report.sweep import expand_values
 
@@ -233,7 +233,7 @@ def load_search(path: str | Path, data_dir: str | Path | None = None) -> tuple[S
     try:
         return SearchSpec.model_validate(data or {}), p
     except ValidationError as e:  # one line per bad field (a single one: one line), unknown ones with a suggestion
-        msg = _format_errors(str(p), e, SearchSpec).replace("invalid experiment", "invalid search file")
+        msg = format_errors(str(p), e, SearchSpec).replace("invalid experiment", "invalid search file")
         raise ConfigError(msg.replace(": (top level): ", ": ")) from None
 
 

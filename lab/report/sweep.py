@@ -43,7 +43,7 @@ from typing import Any, Callable, Literal, Sequence
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lab.experiment.config import ConfigError, _format_errors, deep_merge, parse_experiment, read_yaml
+from lab.experiment.config import ConfigError, deep_merge, format_errors, parse_experiment, read_yaml
 from lab.experiment.simulation import simulate
 from lab.report.compare import RUN_META, ComparisonSpec, Run, comparison_runs, config_hash, run_dir
 from lab.report.executors import Executor, PoolExecutor
@@ -154,7 +154,7 @@ def load_sweep(path: str | Path, data_dir: str | Path | None = None) -> tuple[Sw
     try:
         spec = SweepSpec.model_validate(raw or {})
     except ValidationError as e:
-        raise ConfigError(_format_errors(str(p), e, SweepSpec).replace("invalid experiment", "invalid sweep file")) \
+        raise ConfigError(format_errors(str(p), e, SweepSpec).replace("invalid experiment", "invalid sweep file")) \
             from None
     if isinstance(spec.base, dict):
         base = dict(spec.base)
