@@ -147,43 +147,54 @@ class StepOutputs:
 
     def _apply_with_drafts(self, step: ScheduledStep, now: float, spec: list[int] | None) -> tuple[int, int]:
         """The general form: request i emits 1 + accepted_i tokens and rolls C back by drafts_i - accepted_i; under
-        sync scheduling a request that sampled and runs on gets its next drafts now (vLLM ``post_step``)."""
-        finished = emitted_total = 0
+        sync scheduling a request that sampled and runs on gets its next drafts now (vLLM ``post_step``). ITL
+        samples equal to the step's gap (the request's previous token at the step's start) are added as one
+        weighted sample, as :meth:`apply` adds them."""
+        finished = emitted_total = same_gap = 0
         padded = step.padded_drafts
-        propose = None if self.async_placeholders else self.acceptance.propose  # type: ignore[union-attr]
+        start = step.start
+        model = self.acceptance
+        propose = None if self.async_placeholders else model.propose  # type: ignore[union-attr]
+        placeholders = self.async_placeholders
+        itl = self.itl
         for r, s, k in zip(step.requests, step.samples, spec if spec is not None else repeat(0)):
             if not s or r.status is not _RUNNING:
                 continue  # a non-final chunk: no token, and drafts proposed after it are discarded
-            if self.async_placeholders:
+            if placeholders:
                 r.num_output_placeholders -= 1 + k
-            accepted = 0 if not k or (padded and r in padded) else self._num_accepted(r, k)
-            r.num_computed_tokens -= k - accepted  # rejected drafts: their slots are overwritten next step
-            emitted = min(1 + accepted, r.stop_at - r.num_output_tokens)
-            r.num_output_tokens += emitted
+            accepted = 0
+            if k:
+                if not (padded and r in padded):
+                    accepted = model.num_accepted(r, k)  # type: ignore[union-attr]
+                    if not 0 <= accepted <= k:
+                        self._bad_acceptance(r, k, accepted)
+                r.num_computed_tokens -= k - accepted  # rejected drafts: their slots are overwritten next step
+            out = r.num_output_tokens
+            stop = r.stop_at
+            emitted = 1 + accepted if out + 1 + accepted <= stop else stop - out
+            r.num_output_tokens = out = out + emitted
             emitted_total += emitted
             if k and r.events is not None:
                 r.events.append((now, "verified", f"{k} {'placeholder ' if padded and r in padded else ''}drafts, "
                                                   f"{accepted} accepted, {emitted} tokens emitted"))
+            last = r.last_token_time
             if r.first_token_time is None:
                 record_first_token(r, now)
+            elif last == start:
+                same_gap += 1
             else:
-                self.itl.add(now - r.last_token_time)  # one ITL sample per step output, however many tokens
+                itl.add(now - last)  # one ITL sample per step output, however many tokens
             r.last_token_time = now
-            if r.num_output_tokens >= r.stop_at:
+            if out >= stop:
                 release_request(r, now, self.kv, self.on_done, self.on_hand_off)
                 finished += 1
             elif propose is not None:
                 r.num_spec_tokens = propose(r)
+        if same_gap:
+            itl.add(now - start, same_gap)
         return emitted_total, finished
 
-    def _num_accepted(self, request: Request, num_draft_tokens: int) -> int:
-        model = self.acceptance
-        if model is None:
-            raise ValueError(f"request {request.request_id}: a step scheduled {num_draft_tokens} draft token(s) "
-                             "but the instance has no draft acceptance model")
-        accepted = model.num_accepted(request, num_draft_tokens)
-        if not 0 <= accepted <= num_draft_tokens:
-            raise ValueError(f"request {request.request_id}: acceptance model returned {accepted} accepted of "
-                             f"{num_draft_tokens} draft tokens (expected 0..{num_draft_tokens})")
-        return accepted
-
+    @staticmethod
+    def _bad_acceptance(request: Request, num_draft_tokens: int, accepted: int) -> None:
+        raise ValueError(f"request {request.request_id}: acceptance model returned {accepted} accepted of "
+                         f"{num_draft_tokens} draft tokens (expected 0..{num_draft_tokens})")

@@ -204,11 +204,13 @@ def contract_violation(out: SchedulerOutput, config: SchedulerConfig, num_runnin
     for r in out.padded_drafts:
         if r not in out.num_spec_tokens:
             return f"request {r.request_id}: padded drafts without a draft count"
+    tokens = dict(zip(reqs, news))  # (by identity: one look-up per draft count, not a scan of the batch)
     for r, k in out.num_spec_tokens.items():
-        if r not in reqs:
+        n = tokens.get(r)
+        if n is None:
             return f"drafts given for request {r.request_id}, which is not scheduled"
-        if not 0 <= k < news[reqs.index(r)]:
-            return f"request {r.request_id}: {k} drafts with {news[reqs.index(r)]} tokens (expected 0 <= drafts < tokens)"
+        if not 0 <= k < n:
+            return f"request {r.request_id}: {k} drafts with {n} tokens (expected 0 <= drafts < tokens)"
     return ""
 
 
