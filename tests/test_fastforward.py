@@ -43,7 +43,7 @@ def experiment(ff: bool, **over) -> object:
     data = {"name": "ff", "engine": eng, "policy": policy, "model": {"name": "Llama-3.1-8B"}, "hardware": hardware,
             "cluster": {"num_instances": over.pop("instances", 1), "router": over.pop("router", "round_robin")},
             "simulation": {"fast_forward": ff, "progress": False, "horizon_s": over.pop("horizon", None)}}
-    for section in ("pools", "deployment"):
+    for section in ("pools", "deployment", "speculative"):
         if section in over:
             data[section] = over.pop(section)
     assert not over, over
@@ -383,6 +383,23 @@ def test_fast_forward_equals_step_by_step_when_overloaded(spec, sched, blocks, s
     name, version = sched.split("/")
     assert_same(spec, scheduler=name, options={"chunk_size": chunk} if name == "sarathi" else {}, version=version,
                 blocks=blocks, seqs=seqs, caching=caching, cpu=cpu, preemption=preemption, horizon=horizon)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=overload_spec, version=st.sampled_from(["0.33", "0.11"]),
+       method=st.sampled_from(["eagle", "eagle3", "ngram"]), k=st.sampled_from([1, 3]),
+       rate=st.sampled_from([0.0, 0.6, 1.0]), blocks=st.sampled_from([40, 120]), seqs=st.sampled_from([3, 16]),
+       caching=st.booleans(), mml=st.sampled_from([None, 200]))
+def test_fast_forward_equals_step_by_step_with_speculative_decoding(spec, version, method, k, rate, blocks, seqs,
+                                                                    caching, mml):
+    # drafts with their counter-based acceptance draws (all rejected, i.i.d., all accepted), sync (0.11) and async
+    # (0.33) with placeholder drafts, lookahead slots (EAGLE) or none (n-gram, which also draws its hits), drafts
+    # trimmed near max_model_len; whatever the jump covers, on == off bit for bit
+    engine = {"max_model_len": mml} if mml else {}
+    spec = [(g, min(p, 120), min(o, 60), sh) for g, p, o, sh in spec] if mml else spec
+    assert_same(spec, version=version, blocks=blocks, seqs=seqs, caching=caching, engine=engine,
+                speculative={"method": method, "num_speculative_tokens": k,
+                             "acceptance": {"kind": "iid", "rate": rate}})
 
 
 @pytest.mark.parametrize("scheduler,version", [("vllm_v1", "0.33"), ("vllm_v1", "0.11"), ("sarathi", "0.11")])
