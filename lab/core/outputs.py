@@ -44,6 +44,21 @@ def record_first_token(request: Request, now: float) -> None:
         request.events.append((now, "first_token"))
 
 
+_VERIFIED_TEXT: dict[tuple[int, bool, int, int], str] = {}
+
+
+def verified_text(num_drafts: int, placeholder: bool, accepted: int, emitted: int) -> str:
+    """The detail of a ``verified`` event: ``"3 drafts, 2 accepted, 3 tokens emitted"`` (``"placeholder drafts"``
+    for padded ones). Made once per distinct tuple (few: drafts <= k, accepted <= drafts, emitted <= accepted + 1)
+    and shared, instead of formatted for each of a run's verifications."""
+    key = (num_drafts, placeholder, accepted, emitted)
+    text = _VERIFIED_TEXT.get(key)
+    if text is None:
+        text = _VERIFIED_TEXT[key] = (f"{num_drafts} {'placeholder ' if placeholder else ''}drafts, {accepted} "
+                                      f"accepted, {emitted} tokens emitted")
+    return text
+
+
 def release_request(request: Request, now: float, kv: KVCacheManager,
                     on_done: Callable[[Request], None] | None,
                     on_hand_off: Callable[[Request], None] | None) -> None:
@@ -175,8 +190,7 @@ class StepOutputs:
             r.num_output_tokens = out = out + emitted
             emitted_total += emitted
             if k and r.events is not None:
-                r.events.append((now, "verified", f"{k} {'placeholder ' if padded and r in padded else ''}drafts, "
-                                                  f"{accepted} accepted, {emitted} tokens emitted"))
+                r.events.append((now, "verified", verified_text(k, bool(padded and r in padded), accepted, emitted)))
             last = r.last_token_time
             if r.first_token_time is None:
                 record_first_token(r, now)
