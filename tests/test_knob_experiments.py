@@ -1,8 +1,8 @@
 """The scheduler-knob experiments of issue 41 load, carry their readings, and one small variant of each runs: partial
 prefills (experiments/partial_prefills_v0.yaml), priority with a full max_num_seqs (priority_full_batch.yaml),
 SGLang prefill-first decode gaps (sglang_prefill_first_gaps.yaml) and DistServe's chatbot placement search
-(distserve_chatbot_placement.yaml). The smoke runs use the operator model without the H100 tables (indexing them
-takes seconds) and a few requests."""
+(distserve_chatbot_placement.yaml, and _tight.yaml with the SLOs scaled by 0.4). The smoke runs use the operator
+model without the H100 tables (indexing them takes seconds) and a few requests."""
 
 from pathlib import Path
 
@@ -66,3 +66,8 @@ def test_distserve_placement_search_checks_and_names_its_candidates():
     names = [n for n, _ in candidate_experiments(spec, where)[0]]
     assert {"colocated_v1_tp1", "colocated_v0_tp1", "p1tp1-d1tp1", "p1tp1-d1tp2", "p2tp2-d1tp2"} <= set(names)
     assert spec.rank == "per_gpu" and spec.slo.attainment == pytest.approx(0.9)
+    tight, where = load_search(EXPERIMENTS / "distserve_chatbot_placement_tight.yaml")
+    check_search(tight, where)
+    assert (tight.slo.ttft_s, tight.slo.tpot_s) == pytest.approx((0.4 * spec.slo.ttft_s, 0.4 * spec.slo.tpot_s))
+    assert [n for n, _ in candidate_experiments(tight, where)[0]] == [
+        "colocated_v0_tp1", "colocated_v0_tp2", "colocated_v1_tp1", "p1tp1-d1tp1", "p1tp1-d1tp2"]
