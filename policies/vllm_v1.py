@@ -71,11 +71,44 @@ def request_slots(config: SchedulerConfig) -> int:
 
 
 def admission_lookahead(config: SchedulerConfig, request: Request) -> int:
-    """Lookahead slots a waiting request's admission allocates: none for a request with nothing computed (a new
-    or recomputing one), ``num_lookahead_tokens`` for one that holds computed state (its remote KV arrived, or
-    swapped out): vLLM's ``effective_lookahead_tokens`` (vllm/v1/core/sched/scheduler.py, "an edge case when P/D
-    disaggregation is used with spec decoding where an extra block gets allocated")."""
-    return config.num_lookahead_tokens if request.num_computed_tokens else 0
+    """Lookahead slots a waiting request's admission allocates: ``num_lookahead_tokens``, whether it holds computed
+    state or not (vLLM 0.33 ``effective_lookahead_tokens``, vllm/v1/core/sched/scheduler.py:1401-1406; checked by
+    the parity harness, docs/vllm_parity.md). Only an admission that starts an asynchronous KV load allocates none
+    (:func:`start_cpu_load` is called with 0)."""
+    return config.num_lookahead_tokens
+
+
+def padded_drafts(config: SchedulerConfig, num_computed: int, budget: int, running_scheduled: bool,
+                  prefill_scheduled: bool) -> int | None:
+    """Placeholder drafts vLLM 0.33 pads onto the admission of a request with one token to compute (for a uniform
+    decode batch; vllm/v1/core/sched/scheduler.py:1307-1330): ``num_speculative_tokens`` when no running request
+    scheduled in this step is part-way through its prompt (``prefill_scheduled``), some running request was
+    scheduled or the request has ``num_computed`` > 0 (a prefix hit), and the padded tokens plus the one sampled
+    still fit ``max_model_len``; else 0. None: the padded 1 + k tokens exceed the ``budget`` left, and admission
+    stops there (vLLM prefers not scheduling it to scheduling it unpadded)."""
+    k = config.num_speculative_tokens
+    if prefill_scheduled or not (running_scheduled or num_computed > 0):
+        return 0
+    if num_computed + 1 + k + 1 > config.max_model_len:
+        return 0
+    return None if 1 + k > budget else k
+
+
+def running_phase_of(requests: list[Request]) -> tuple[bool, bool]:
+    """What phase 1 of a schedule leaves for :func:`padded_drafts`: whether it scheduled a running request, and
+    whether one of them was part-way through its prompt (:func:`was_prefill_chunk`)."""
+    return bool(requests), any(was_prefill_chunk(r) for r in requests)
+
+
+def was_prefill_chunk(request: Request) -> bool:
+    """Whether a running request's previous step computed part of its prompt without sampling (vLLM's
+    ``is_prefill_chunk``, set when it was scheduled): no output placeholders, and more than one token short of
+    its tokens, or one short with no output yet (a decode is one short after its output, and has one). A request
+    recomputing after a preemption that is one token short reads as a decode here: the difference
+    docs/vllm_parity.md records (resumed-one-short)."""
+    c = request.num_computed_tokens
+    n = request.num_tokens
+    return not request.num_output_placeholders and (c < n - 1 or c == n - 1 and not request.num_output_tokens)
 
 
 class VLLMV1Scheduler(SchedulerBase):
@@ -217,20 +250,30 @@ class VLLMV1Scheduler(SchedulerBase):
 
     # ---- phase 2: the waiting requests ----
     def admission(self, engine: EngineView, request: Request, num_hit_tokens: int | None, num_running: int,
-                  num_scheduled_tokens: int, num_requests: int) -> Admission | None:
+                  num_scheduled_tokens: int, num_requests: int,
+                  running_phase: tuple[bool, bool] | None = None) -> Admission | None:
         """Phase 2's decision on ``request`` (see :meth:`SchedulerBase.admission`): it waits when ``max_num_seqs``
         is full, the budget is spent, or (chunked prefill off) its uncached tokens exceed the budget left; else it
         computes its uncached tokens cut by the long-prefill threshold (:func:`effective_threshold`), the budget
         and a Mamba hybrid's block alignment, with its lookahead slots (:func:`admission_lookahead`), the
-        ``scheduler_reserve_full_isl`` gate and the watermark; a one-token admission is padded with placeholder
-        drafts (vLLM 0.33 ``pad_new_one_token_requests``). With ``num_hit_tokens`` unknown a prompt over the budget
-        may still be shortened by a hit: None then."""
+        ``scheduler_reserve_full_isl`` gate and the watermark; a one-token admission may be padded with placeholder
+        drafts (vLLM 0.33 ``pad_new_one_token_requests``, :func:`padded_drafts`), which needs ``running_phase``:
+        (whether phase 1 scheduled a running request, whether one of those was part-way through its prompt). With
+        ``num_hit_tokens`` unknown a prompt over the budget may still be shortened by a hit, and without
+        ``running_phase`` the padding cannot be told: None then."""
         cfg = engine.config
         budget = step_budget(cfg) - num_scheduled_tokens - request_slots(cfg)
         if num_running >= cfg.max_num_seqs or budget <= 0:
             return WAITS
         hit = num_hit_tokens or 0
         n = request.num_tokens - hit
+        pad = 0
+        if cfg.pad_new_one_token_requests and cfg.num_speculative_tokens and n == 1:
+            if running_phase is None or num_hit_tokens is None:
+                return None
+            pad = padded_drafts(cfg, hit, budget, *running_phase)
+            if pad is None:
+                return WAITS
         threshold = effective_threshold(cfg, num_requests)
         if 0 < threshold < n:
             n = threshold
@@ -241,9 +284,6 @@ class VLLMV1Scheduler(SchedulerBase):
         split = aligned_split(engine)
         if split is not None:
             n = split(request, n, hit)
-        pad = 0
-        if cfg.pad_new_one_token_requests and n == 1 and hit + 1 == request.num_tokens:
-            pad = min(cfg.num_speculative_tokens, budget - 1, max(0, cfg.max_model_len - 1 - request.num_tokens))
         return Admission(n, admission_lookahead(cfg, request), 0,
                          watermark_blocks(cfg, engine.kv.pool.num_gpu_blocks, num_running),
                          cfg.scheduler_reserve_full_isl, pad)
@@ -259,6 +299,7 @@ class VLLMV1Scheduler(SchedulerBase):
         slots = request_slots(cfg)
         start = step_budget(cfg)
         skipped = 0  # waiting requests passed over in this schedule
+        phase1 = running_phase_of(out.requests)
         while budget > 0:
             if len(running) >= cfg.max_num_seqs:
                 victim = self._priority_victim(engine, skipped)
@@ -277,7 +318,7 @@ class VLLMV1Scheduler(SchedulerBase):
                 break
             hits, num_hit = lookup(engine, r)
             if engine.kv_offload is not None:
-                loading = start_cpu_load(engine, r, hits, num_hit, num_lookahead_tokens=admission_lookahead(cfg, r),
+                loading = start_cpu_load(engine, r, hits, num_hit, num_lookahead_tokens=0,
                                          full_sequence_must_fit=cfg.scheduler_reserve_full_isl,
                                          reserved_blocks=watermark_blocks(cfg, engine.kv.pool.num_gpu_blocks,
                                                                           len(running)))
@@ -288,7 +329,7 @@ class VLLMV1Scheduler(SchedulerBase):
                         skipped += 1
                         continue
                     break
-            adm = self.admission(engine, r, num_hit, len(running), start - budget, num_requests)
+            adm = self.admission(engine, r, num_hit, len(running), start - budget, num_requests, phase1)
             if adm is None or not adm.num_new_tokens:  # (None: a policy of its own that cannot tell stops here)
                 if adm is not None and budget - slots > 0 and self._may_skip(engine, skipped):
                     skipped += 1  # its prompt does not fit the budget left (chunked prefill off)

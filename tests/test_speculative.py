@@ -102,14 +102,14 @@ def test_per_position_counts_and_the_seeded_stream_match_the_conditional_rates()
 
 
 def test_lookahead_slots_are_allocated_for_the_drafter():
-    # block size 4: a new request is admitted without lookahead slots (vLLM's effective_lookahead_tokens is 0 for a
-    # request with nothing computed): its prefill of 8 tokens needs 2 blocks; its first verify step (C 8 -> 12)
-    # plus k = 3 lookahead slots needs ceil(15 / 4) = 4
+    # block size 4: a new request is admitted with its k = 3 lookahead slots (vLLM 0.33 effective_lookahead_tokens,
+    # scheduler.py:1401-1406): its prefill of 8 tokens needs ceil(11 / 4) = 3 blocks; its first verify step
+    # (C 8 -> 12) plus the lookahead slots needs ceil(15 / 4) = 4
     env, inst, cost, _ = engine(rates=(0.0,))
     a = req(0, 8, 20)
     submit(env, inst, [a])
     env.run(until=0.5)
-    assert len(a.blocks) == 2
+    assert len(a.blocks) == 3
     env.run(until=1.5)
     assert len(a.blocks) == 4
     env2, inst2, _, _ = engine(rates=(0.0,), lookahead=0)
@@ -119,14 +119,15 @@ def test_lookahead_slots_are_allocated_for_the_drafter():
     assert len(b.blocks) == 3  # ceil(12 / 4): no lookahead slots
 
 
-def test_a_request_holding_computed_state_is_admitted_with_its_lookahead_slots():
-    # C = 8 (e.g. its remote KV arrived): admitting its last token reserves the k = 3 lookahead slots too
+def test_every_admission_is_given_its_lookahead_slots():
+    # vLLM 0.33 (scheduler.py:1401-1406, checked by the parity harness): a fresh request and one holding computed
+    # state (e.g. its remote KV arrived) both reserve the k = 3 lookahead slots when admitted
     from policies.vllm_v1 import admission_lookahead
 
     env, inst, _, _ = engine(rates=(0.0,))
     fresh, holding = req(0, 8, 20), req(1, 8, 20)
     holding.num_computed_tokens = 7
-    assert (admission_lookahead(inst.config, fresh), admission_lookahead(inst.config, holding)) == (0, 3)
+    assert (admission_lookahead(inst.config, fresh), admission_lookahead(inst.config, holding)) == (3, 3)
 
 
 def test_drafts_proposed_after_a_non_final_prefill_chunk_are_discarded():

@@ -269,20 +269,29 @@ class BlockPool:
         """Drop one reference from each block, in the order given (callers pass a request's blocks reversed).
 
         A block reaching ref_cnt 0 goes to the tail of the free queue if it has a hash (LRU: evicted last), and to
-        the head if it has none and ``prepend_unhashed`` (reused first).
+        the head if it has none and ``prepend_unhashed`` (reused first): those as one group in the order given, so
+        the first given (a request's last block) is reused first (vLLM 0.33 ``BlockPool.free_blocks``,
+        vllm/v1/core/block_pool.py:816-847, ``prepend_n``; checked by the parity harness, docs/vllm_parity.md).
         """
         fq = self.free_queue
         prepend = self.prepend_unhashed
         rc = self.ref_cnt
         bh = self.block_hash
+        first: list[int] | None = None
         for b in blocks:
             c = rc[b] - 1
             rc[b] = c
             if not c:
                 if prepend and bh[b] is None:
-                    fq.appendleft(b)
+                    if first is None:
+                        first = [b]
+                    else:
+                        first.append(b)
                 else:
                     fq.append(b)
+        if first is not None:
+            for b in reversed(first):
+                fq.appendleft(b)
 
     def free_unique(self, blocks: list[int], num_full: int) -> int:
         """Free the blocks of a request whose content is unique (each held by it alone), last block first: the
@@ -295,11 +304,15 @@ class BlockPool:
         fq = self.free_queue
         rc = self.ref_cnt
         partial = blocks[num_full:]
-        if partial:
-            put = fq.append if not self.prepend_unhashed else fq.appendleft
-            for b in reversed(partial):
-                rc[b] = 0
-                put(b)
+        if partial:  # last block first: at the head, the request's last block ends up first (as free_blocks)
+            if self.prepend_unhashed:
+                for b in partial:
+                    rc[b] = 0
+                    fq.appendleft(b)
+            else:
+                for b in reversed(partial):
+                    rc[b] = 0
+                    fq.append(b)
         seq = fq._seq = fq._seq + 1
         if num_full:
             full_rev = blocks[num_full - 1::-1]
