@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.servelab-installed
 NATIVE := $(VENV)/.servelab-native
 
-.PHONY: demo test calibration-checks composition bench clean bytecode
+.PHONY: demo test calibration-checks composition bench clean bytecode parity
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,34 @@ COMPOSITION_DRAWS ?= 5000
 COMPOSITION_JOBS ?= 2
 composition: bytecode
 	$(BIN)/python bench/composition_run.py $(COMPOSITION_DRAWS) --jobs $(COMPOSITION_JOBS)
+
+# vLLM parity (issue 43, docs/vllm_parity.md): vLLM 0.33.0's own scheduler beside servelab's vllm_v1 policy, step for
+# step, on PARITY_TRACES random traces, then the hypothesis property test over random settings and traces. Its own
+# environment, .venv-parity, CPU only: PyTorch's CPU build (PARITY_TORCH; here a wheel on this machine's disk, elsewhere
+# add PyTorch's CPU wheel index with PARITY_PIP_ARGS), vLLM and xgrammar without their GPU dependencies (--no-deps), the pinned
+# list of what its scheduler imports (parity/requirements.txt), servelab itself. Any failure, the install's included,
+# fails the target.
+PARITY_VENV := .venv-parity
+PARITY_STAMP := $(PARITY_VENV)/.parity-installed
+PARITY_TORCH ?= torch==2.13.0+cpu
+PARITY_PIP_ARGS ?=
+PARITY_TRACES ?= 1000
+PARITY_EXAMPLES ?= 100
+
+$(PARITY_STAMP): parity/requirements.txt pyproject.toml setup.py
+	rm -rf $(PARITY_VENV)
+	$(PYTHON) -m venv $(PARITY_VENV)
+	$(PARITY_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PARITY_VENV)/bin/python -m pip install --quiet $(PARITY_PIP_ARGS) '$(PARITY_TORCH)'
+	$(PARITY_VENV)/bin/python -m pip install --quiet --no-deps vllm==0.33.0 xgrammar==0.2.8
+	$(PARITY_VENV)/bin/python -m pip install --quiet $(PARITY_PIP_ARGS) -r parity/requirements.txt
+	SERVELAB_PURE_PYTHON=1 $(PARITY_VENV)/bin/python -m pip install --quiet -e .
+	touch $(PARITY_STAMP)
+
+parity: $(PARITY_STAMP)
+	SERVELAB_PURE_PYTHON=1 $(PARITY_VENV)/bin/python -m parity --traces $(PARITY_TRACES) --seed 0 --keep-going --known
+	SERVELAB_PURE_PYTHON=1 PARITY_EXAMPLES=$(PARITY_EXAMPLES) $(PARITY_VENV)/bin/python -m pytest -p no:cacheprovider \
+	  tests/test_vllm_parity.py
 
 bench: bytecode
 	$(BIN)/servelab bench
