@@ -55,9 +55,9 @@ composition: bytecode
 # vLLM parity (issue 43, docs/vllm_parity.md): vLLM 0.33.0's own scheduler beside servelab's vllm_v1 policy, step for
 # step, on PARITY_TRACES random traces, then the hypothesis property test over random settings and traces. Its own
 # environment, .venv-parity, CPU only: PyTorch's CPU build (PARITY_TORCH; here a wheel on this machine's disk, elsewhere
-# add PyTorch's CPU wheel index with PARITY_PIP_ARGS), vLLM and xgrammar without their GPU dependencies (--no-deps), the pinned
-# list of what its scheduler imports (parity/requirements.txt), servelab itself. Any failure, the install's included,
-# fails the target.
+# add PyTorch's CPU wheel index with PARITY_PIP_ARGS), vLLM and xgrammar without their GPU dependencies (--no-deps),
+# the pinned list of what its scheduler imports (parity/requirements.txt), servelab itself. Any failure, the
+# install's included, fails the target (the property test does not skip there: PARITY_REQUIRED=1).
 PARITY_VENV := .venv-parity
 PARITY_STAMP := $(PARITY_VENV)/.parity-installed
 PARITY_TORCH ?= torch==2.13.0+cpu
@@ -77,7 +77,7 @@ $(PARITY_STAMP): parity/requirements.txt pyproject.toml setup.py
 
 parity: $(PARITY_STAMP)
 	SERVELAB_PURE_PYTHON=1 $(PARITY_VENV)/bin/python -m parity --traces $(PARITY_TRACES) --seed 0 --keep-going --known
-	SERVELAB_PURE_PYTHON=1 PARITY_EXAMPLES=$(PARITY_EXAMPLES) $(PARITY_VENV)/bin/python -m pytest -p no:cacheprovider \
+	SERVELAB_PURE_PYTHON=1 PARITY_REQUIRED=1 PARITY_EXAMPLES=$(PARITY_EXAMPLES) $(PARITY_VENV)/bin/python -m pytest -p no:cacheprovider \
 	  tests/test_vllm_parity.py
 
 bench: bytecode
