@@ -83,7 +83,7 @@ def aligned_split(engine: EngineView) -> Callable[[Request, int, int], int] | No
     """The prefill-chunk cut of a Mamba hybrid caching its state (vLLM ``_mamba_block_aligned_split``, align mode:
     ``(request, tokens, prefix-hit tokens) -> tokens`` ending on a block boundary; lab/core/kv_groups.py
     ``HybridKV.aligned_chunk``), or None when the KV cache needs none."""
-    hybrid = getattr(engine.kv, "hybrid", None)
+    hybrid = engine.kv.hybrid
     return hybrid.aligned_chunk if hybrid is not None and hybrid.spec.aligned_split else None
 
 

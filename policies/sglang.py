@@ -29,7 +29,7 @@ summarises it.
   scheduled again.
 - **max_running_requests.** SGLang's default is ``min(pool tokens // 2, request-slot pool)``, the slot pool
   ``min(max(pool tokens / context_len x 512, 2048), 4096)`` (sglang ``model_runner.py`` ``init_memory_pool``): for
-  ``policy.scheduler: sglang`` an unset ``engine.max_num_seqs`` takes it (lab/experiment/simulation.py), not
+  ``policy.scheduler: sglang`` an unset ``engine.max_num_seqs`` takes it (lab/experiment/resolve.py), not
   vLLM's per-GPU default.
 - **prefill_decode_interval** (``--prefill-decode-interval``, default 0 = off; sglang ``_should_defer_prefill`` /
   ``_arm_prefill_decode_interval``): after a step that prefilled, the next N steps decode, even with a chunked

@@ -61,9 +61,9 @@ def note_slo_units(slo) -> None:
 
 def _note_pinned_limits(exp, overrides: dict) -> None:
     """``--set hardware.gpu=...`` keeps engine limits the file pins for another GPU: say so, with vLLM's defaults
-    for the new GPU (lab/experiment/simulation.py ``batch_defaults``)."""
+    for the new GPU (lab/experiment/resolve.py ``batch_defaults``)."""
     from lab.costmodel.hardware import load_hardware
-    from lab.experiment.simulation import batch_defaults
+    from lab.experiment.resolve import batch_defaults
 
     set_engine = overrides.get("engine") or {}
     mbt, seqs = batch_defaults(load_hardware(exp.hardware.gpu))

@@ -160,7 +160,9 @@ def cost(experiment: Optional[Path] = typer.Argument(None, help="experiment YAML
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     total = cm.step_time(shape)
-    if hasattr(cm, "explain"):
+    from lab.costmodel.operator import OperatorCostModel  # noqa: PLC0415 (pandas: only when asked)
+
+    if isinstance(cm, OperatorCostModel):  # the one cost model that prices operator by operator
         rows = [r.__dict__ for r in cm.explain(shape)]
     else:
         rows = [{"op": k, "group": "", "calls": 1, "time_s": v, "source": cm.name, "flops": float("nan"),
@@ -199,7 +201,7 @@ def _cost_model(experiment, model, hf_config, gpu, tp, pp, ep, dp, dtype, kv_dty
                                         default_moe_backend)
     from lab.costmodel.parallel import Parallelism
     from lab.costmodel.tables import TableSet, load_tables
-    from lab.experiment.simulation import build_cost_model
+    from lab.experiment.build import build_cost_model
 
     if experiment is not None:
         from lab.cli.spec_cost import load_experiment_for_cost
@@ -231,6 +233,7 @@ def _cost_model(experiment, model, hf_config, gpu, tp, pp, ep, dp, dtype, kv_dty
 
 def _compare_backends(shape, args, attentions, moes, vllm_version, as_json, data_dir) -> None:
     """One step under every (attention, MoE) back-end combination, operator by operator, side by side."""
+    from lab.costmodel.operator import OperatorCostModel
     from lab.experiment.paths import default_data_dir
 
     dd = str((data_dir or default_data_dir()).resolve())
@@ -239,11 +242,10 @@ def _compare_backends(shape, args, attentions, moes, vllm_version, as_json, data
     for a in attentions:
         for mo in moes:
             cm, label = _cost_model(*args, attention=a, moe=mo, vllm_version=vllm_version)
-            rows = {r.op: r for r in cm.explain(shape)} if hasattr(cm, "explain") else None
-            if rows is None:
+            if not isinstance(cm, OperatorCostModel):
                 raise ValueError("kernel back-ends are priced by the operator cost model only")
-            name = f"{getattr(cm, 'attention_backend', a)}" + (
-                f" / {cm.moe_backend}" if getattr(cm, "model", None) is not None and cm.model.is_moe else "")
+            rows = {r.op: r for r in cm.explain(shape)}
+            name = cm.attention_backend + (f" / {cm.moe_backend}" if cm.model.is_moe else "")
             cols.append((name, cm.step_time(shape), rows))
     ops = []
     for _, _, rows in cols:

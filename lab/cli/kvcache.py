@@ -27,7 +27,7 @@ def _fail(msg: str) -> None:
 
 
 def kv_report(dep) -> list[str]:
-    """The lines ``servelab kv`` prints for a built deployment (lab/experiment/simulation.py ``Deployment``): the
+    """The lines ``servelab kv`` prints for a built deployment (lab/experiment/build.py ``Deployment``): the
     layout, the per-request block need and vLLM's start-up lines."""
     from lab.costmodel.hybrid_kv import kv_layout
 
@@ -68,7 +68,7 @@ def kv(experiment: Optional[Path] = typer.Argument(None, help="an experiment fil
     chunked, Mamba / linear attention), block size, blocks per request, and the "GPU KV cache size" / "Maximum
     concurrency" lines vLLM of that version prints (docs/hybrid_models.md)."""
     from lab.experiment.config import ConfigError, load_experiment, parse_experiment, parse_set_option
-    from lab.experiment.simulation import build_deployment
+    from lab.experiment.build import build_deployment
 
     try:
         overrides = parse_set_option(sets or [])

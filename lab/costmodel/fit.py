@@ -358,7 +358,7 @@ class CurveSet:
         out: dict = {"note": self.note, "curves": {}}
         for (gpu, cls, v), c in sorted(self.curves.items()):
             d = c.to_dict()
-            d["source"] = getattr(c, "source", "")
+            d["source"] = c.source
             out["curves"].setdefault(gpu, {}).setdefault(cls, {})[v] = d
         return out
 

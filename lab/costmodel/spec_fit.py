@@ -42,7 +42,7 @@ CONTEXT = 256  # MT-Bench: prompts of ~100 tokens and answers of up to 256 (mean
 
 
 def default_capture(max_num_seqs: int) -> tuple[int, ...]:
-    """vLLM's default capture sizes up to min(2 · max_num_seqs, 512) (lab/experiment/simulation.py)."""
+    """vLLM's default capture sizes up to min(2 · max_num_seqs, 512) (lab/experiment/resolve.py)."""
     top = min(2 * max_num_seqs, 512)
     return tuple(x for x in [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16)) if x <= top)
 

@@ -222,7 +222,7 @@ class FrontendConfig(StrictModel):
 
 class EngineConfig(StrictModel):
     """vLLM engine arguments (same names and defaults as vLLM 0.33's API server; the two batch limits default to
-    vLLM's values for the experiment's GPU, see :func:`lab.simulation.batch_defaults`)."""
+    vLLM's values for the experiment's GPU, see lab/experiment/resolve.py ``batch_defaults``)."""
 
     max_num_batched_tokens: int | None = Field(None, ge=1, description="default: vLLM's for the GPU")
     max_num_seqs: int | None = Field(None, ge=1, description="default: vLLM's for the GPU")

@@ -70,7 +70,7 @@ def write_outputs(result: SimResult, out_dir: Path, plots: bool = True, atomic: 
     from lab.report.html import write_run_html  # noqa: PLC0415
 
     if detailed is None:
-        detailed = bool(getattr(result.experiment.output, "save_detailed", False))
+        detailed = result.experiment.output.save_detailed
     out_dir.mkdir(parents=True, exist_ok=True)
     background = _Background()
     try:
@@ -166,7 +166,7 @@ def bench_result(result: SimResult, req, summary: dict, detailed: bool = False) 
     aggregates, and with ``detailed`` the per-request lists, each finished request's ``itls`` its real gaps where
     the step log pins them down (lab/report/token_gaps.py) and its TPOT repeated where it does not; those
     requests' positions are listed in ``itls_estimated`` with ``itls_estimated_why`` (servelab's keys)."""
-    from lab.experiment.simulation import closed_loop_concurrency
+    from lab.experiment.resolve import closed_loop_concurrency
 
     exp = result.experiment
     keep = measured_rows(req)

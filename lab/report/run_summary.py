@@ -212,7 +212,7 @@ def _nanmean(v: np.ndarray) -> float:
 
 def offered_load(exp) -> str:
     """The load the workload offers, in words (beside the achieved throughput in every report)."""
-    from lab.experiment.simulation import closed_loop_concurrency
+    from lab.experiment.resolve import closed_loop_concurrency
 
     w = exp.workload
     n = closed_loop_concurrency(exp)

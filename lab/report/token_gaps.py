@@ -71,7 +71,7 @@ def request_token_gaps(result, requests: Sequence) -> TokenGaps:
             estimate(i, "the step log is summarized (output.step_log: summary)")
         return _finish(out, reasons)
     ends, outputs = _step_ends(result)
-    multi_token = any(getattr(inst, "acceptance", None) is not None for inst in result.instances)
+    multi_token = any(inst.acceptance is not None for inst in result.instances)
     residual = {k: v.copy() for k, v in outputs.items()}  # tokens per step not yet given to a request
     done = set() if multi_token else _plain_requests(requests, ends, out, residual)
     ambiguous = []
