@@ -4,10 +4,13 @@ kernel back-end (lab/costmodel/backends.py) that runs it.
 A strategy prices one layer's attention for a step: ``prefill`` (prompt chunks with their history), ``decode`` (one
 query token per request) and ``verify`` (speculative-decoding queries of 1 + k tokens), and says which source each
 part used. :func:`make_attention` picks the strategy from the model's attention kind, the back-end and what the
-measured tables and fitted curves of the GPU cover:
+measured tables and fitted curves of the GPU cover, once, when the operator model is built; every fact that
+depends on the attention kind (query heads per KV head, FLOPs per query/key pair, the core's work, the projection
+operators) is a method of the kind's class, so nothing below asks the model which kind it has:
 
 - :class:`GQAAttention` (standard attention, MHA/GQA/MQA): measured tables (AIConfigurator's are vLLM 0.19's
   ``FLASH_ATTN``), fitted curves, or the roofline, per part;
+- :class:`LatentAttention`, the base of DeepSeek MLA's three strategies (all heads share one latent KV head):
 - :class:`MLAModuleTable`: DeepSeek MLA from AIConfigurator's module tables (projections, latent attention and
   o_proj measured as one; vLLM 0.19 with its Hopper default, ``FLASH_ATTN_MLA``);
 - :class:`MLAModuleFit`: the same module from fitted curves;
@@ -71,8 +74,12 @@ def tile_ratio(backend: AttentionBackend, q: int, group: int) -> int:
 class Attention:
     """One layer's attention for a step, priced by one source and back-end (the module docstring).
 
+    A subclass is one attention kind and source: it prices ``prefill`` and ``decode`` and states the kind's facts,
+    ``group``, ``pair_flops`` and ``work``; ``verify`` and ``layer`` are built on them.
+
     Attributes:
         mode: the strategy's name (``gqa``, ``module-table``, ``module-fit``, ``decomposed``).
+        mla_mode: ``mode`` for an MLA strategy, None for standard attention.
         label: the breakdown's name for the operator (``attention``, or ``mla_module`` when projections are inside).
         backend: the vLLM back-end that runs it.
         pre_src, dec_src: where the prefill and decode times come from (``servelab cost``).
@@ -80,6 +87,7 @@ class Attention:
 
     mode = ""
     label = "attention"
+    mla_mode: str | None = None
 
     def __init__(self, om: OperatorModel, backend: AttentionBackend) -> None:
         self.om = om
@@ -99,16 +107,12 @@ class Attention:
 
     @property
     def group(self) -> int:
-        """Query heads that share one KV head on this GPU (MLA: all heads share the latent)."""
-        om = self.om
-        return om.heads if om.model.is_mla else max(1, om.heads // om.kv_heads)
+        """Query heads that share one KV head on this GPU."""
+        raise NotImplementedError
 
     def pair_flops(self) -> float:
-        """FLOPs per query/key pair of one layer on this GPU (absorbed MLA pairs for MLA)."""
-        m, om = self.om.model, self.om
-        if m.is_mla:
-            return 2.0 * om.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
-        return 4.0 * om.heads * m.head_dim
+        """FLOPs per query/key pair of one layer on this GPU."""
+        raise NotImplementedError
 
     def verify(self, qs: list[int], cs: list[int]) -> float:
         """Verify queries as the decode kernel runs them: the decode at context c + q - 1 plus the extra tiles'
@@ -129,24 +133,7 @@ class Attention:
 
     def work(self, shape: BatchShape) -> tuple[tuple[float, float], tuple[float, float]]:
         """((FLOPs, bytes) of the prefill part, (FLOPs, bytes) of the decode part) of one layer's attention core."""
-        om, m = self.om, self.om.model
-        Fp = Bp = Fd = Bd = 0.0
-        if m.is_mla:
-            d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
-            for q, c in shape.query_chunks():
-                f, b = ops.attention_prefill(q, c, om.heads, om.heads, d_qk, d_v, om.heads * (d_qk + d_v) * 2.0)
-                Fp, Bp = Fp + f, Bp + b
-            if shape.num_decodes:
-                Fd, Bd = ops.mla_decode(shape.num_decodes, shape.decode_sum, om.heads, m.kv_lora_rank,
-                                        m.qk_rope_head_dim, om.kv_tok)
-            return (Fp, Bp), (Fd, Bd)
-        for q, c in shape.query_chunks():
-            f, b = ops.attention_prefill(q, c, om.heads, om.kv_heads, m.head_dim, m.head_dim, om.kv_tok)
-            Fp, Bp = Fp + f, Bp + b
-        if shape.num_decodes:
-            Fd, Bd = ops.attention_decode(shape.num_decodes, shape.decode_sum, om.heads, m.head_dim, m.head_dim,
-                                          om.kv_tok)
-        return (Fp, Bp), (Fd, Bd)
+        raise NotImplementedError
 
     def layer(self, shape: BatchShape) -> tuple[float, float]:
         """(prefill part, decode part) seconds of one layer (verify queries in the decode part)."""
@@ -215,10 +202,16 @@ class GQAAttention(Attention):
 
     mode = "gqa"
 
-    def __init__(self, om: OperatorModel, backend: AttentionBackend) -> None:
+    def __init__(self, om: OperatorModel, backend: AttentionBackend, add_gemm, add_elem) -> None:
         super().__init__(om, backend)
         m = om.model
         H, Hk, d = om.heads, om.kv_heads, m.head_dim
+        h = m.hidden_size
+        add_gemm("qkv_proj", (H + 2 * Hk) * d, h, _LAYER)
+        add_gemm("o_proj", h, H * d, _LAYER)
+        add_elem("rope", "rope", 4 * (H + Hk) * d, _LAYER)
+        if m.qk_norm:
+            add_elem("qk_norm", "norm", 4 * (H + Hk) * d, _LAYER)
         self.pre_uniform = self.pre_hist = self.pre_hist0 = self.dec_grid = None
         pre_src = dec_src = None
         if om.tables is not None:
@@ -235,6 +228,25 @@ class GQAAttention(Attention):
             c, src = om._curve("attn_decode", om.kvdtype)
             om.dec_curve, dec_src = c, (src or "roofline")
         self.pre_src, self.dec_src = pre_src, dec_src
+
+    @property
+    def group(self) -> int:
+        om = self.om
+        return max(1, om.heads // om.kv_heads)
+
+    def pair_flops(self) -> float:
+        return 4.0 * self.om.heads * self.om.model.head_dim
+
+    def work(self, shape: BatchShape) -> tuple[tuple[float, float], tuple[float, float]]:
+        om, m = self.om, self.om.model
+        Fp = Bp = Fd = Bd = 0.0
+        for q, c in shape.query_chunks():
+            f, b = ops.attention_prefill(q, c, om.heads, om.kv_heads, m.head_dim, m.head_dim, om.kv_tok)
+            Fp, Bp = Fp + f, Bp + b
+        if shape.num_decodes:
+            Fd, Bd = ops.attention_decode(shape.num_decodes, shape.decode_sum, om.heads, m.head_dim, m.head_dim,
+                                          om.kv_tok)
+        return (Fp, Bp), (Fd, Bd)
 
     def prefill(self, qs: list[int], cs: list[int]) -> float:
         om, m = self.om, self.om.model
@@ -274,7 +286,38 @@ class GQAAttention(Attention):
         return om._roof(F, B, e.attention_compute, e.attention_memory, om.hw.bf16_flops)
 
 
-class MLADecomposed(Attention):
+class LatentAttention(Attention):
+    """DeepSeek MLA: every query head of the GPU reads the one shared latent KV head (``kv_lora_rank`` +
+    ``qk_rope_head_dim``); the base of its strategies."""
+
+    @property
+    def mla_mode(self) -> str:  # type: ignore[override]
+        return self.mode
+
+    @property
+    def group(self) -> int:
+        return self.om.heads
+
+    def pair_flops(self) -> float:
+        """FLOPs per absorbed latent query/key pair."""
+        m = self.om.model
+        return 2.0 * self.om.heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+
+    def work(self, shape: BatchShape) -> tuple[tuple[float, float], tuple[float, float]]:
+        """Prefill as expanded attention (d_qk = nope + rope, d_v), decode as the absorbed latent core."""
+        om, m = self.om, self.om.model
+        Fp = Bp = Fd = Bd = 0.0
+        d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+        for q, c in shape.query_chunks():
+            f, b = ops.attention_prefill(q, c, om.heads, om.heads, d_qk, d_v, om.heads * (d_qk + d_v) * 2.0)
+            Fp, Bp = Fp + f, Bp + b
+        if shape.num_decodes:
+            Fd, Bd = ops.mla_decode(shape.num_decodes, shape.decode_sum, om.heads, m.kv_lora_rank,
+                                    m.qk_rope_head_dim, om.kv_tok)
+        return (Fp, Bp), (Fd, Bd)
+
+
+class MLADecomposed(LatentAttention):
     """DeepSeek MLA with its projections as GEMM operators (registered by the operator model) and the attention
     cores apart: prefill expands the latent KV of the whole context with kv_b and runs attention with d_qk 192,
     d_v 128 (fitted prefill curve or roofline); decode runs the absorbed latent attention (one shared latent head
@@ -326,32 +369,33 @@ class MLADecomposed(Attention):
         return core + self.uk_fn(nd) + self.uv_fn(nd)
 
 
-class _MLACoreDelta:
+class _MLACoreDelta(LatentAttention):
     """For a module priced with its back-end's core inside (tables, curves), the core of another back-end: the
     module time plus (this back-end's core - the measured back-end's core), both on the latent-attention roofline
     with their efficiencies (module docstring, point 2)."""
 
+    measured = "FLASH_ATTN_MLA"  # the back-end the module tables were measured with
+
     def _core_roof(self, nd: int, ctx_sum: float, backend: str) -> float:
-        om, m = self.om, self.om.model  # type: ignore[attr-defined]
+        om, m = self.om, self.om.model
         ce, me = mla_core_efficiency(backend)
         F, B = ops.mla_decode(nd, ctx_sum, om.heads, m.kv_lora_rank, m.qk_rope_head_dim, om.kv_tok)
         return om._roof(F, B, ce, me, om.hw.bf16_flops)
 
     def _delta(self, nd: int, ctx_sum: float) -> float:
-        b = self.backend.name  # type: ignore[attr-defined]
-        if b == self.measured:  # type: ignore[attr-defined]
+        b = self.backend.name
+        if b == self.measured:
             return 0.0
-        return self._core_roof(nd, ctx_sum, b) - self._core_roof(nd, ctx_sum, self.measured)  # type: ignore[attr-defined]
+        return self._core_roof(nd, ctx_sum, b) - self._core_roof(nd, ctx_sum, self.measured)
 
 
-class MLAModuleTable(_MLACoreDelta, Attention):
+class MLAModuleTable(_MLACoreDelta):
     """DeepSeek MLA from AIConfigurator's module tables (projections, latent attention and o_proj measured as one
     layer, vLLM 0.19, the back-end it picks on Hopper: ``FLASH_ATTN_MLA``). Another back-end adds its core's
     difference (:class:`_MLACoreDelta`)."""
 
     mode = "module-table"
     label = "mla_module"
-    measured = "FLASH_ATTN_MLA"
 
     def __init__(self, om: OperatorModel, backend: AttentionBackend, pre, dec, pre_src: str,
                  dec_src: str) -> None:
@@ -374,11 +418,10 @@ class MLAModuleTable(_MLACoreDelta, Attention):
         return self._core_roof(nd, ctx_sum, self.backend.name)
 
 
-class MLAModuleFit(_MLACoreDelta, Attention):
+class MLAModuleFit(_MLACoreDelta):
     """The MLA module from curves fitted on module tables (another GPU's, or this GPU's elsewhere in the grid)."""
 
     mode = "module-fit"
-    measured = "FLASH_ATTN_MLA"
 
     def __init__(self, om: OperatorModel, backend: AttentionBackend, cp, cd, pre_src: str,
                  dec_src: str) -> None:
@@ -409,13 +452,14 @@ class MLAModuleFit(_MLACoreDelta, Attention):
 
 
 def make_attention(om: OperatorModel, backend_name: str, add_gemm, add_elem) -> Attention:
-    """The strategy for the operator model's model, back-end and sources (module docstring). For MLA the module
-    tables come first, then module curves, then the decomposed form (which registers its projection operators
-    through ``add_gemm`` / ``add_elem``)."""
+    """The strategy for the operator model's model, back-end and sources (module docstring), chosen once when the
+    operator model is built. Standard attention and MLA's decomposed form register their projection operators
+    through ``add_gemm`` / ``add_elem``; for MLA the module tables come first (projections inside), then module
+    curves, then the decomposed form."""
     backend = ATTENTION_BACKENDS[backend_name]
     m = om.model
     if not m.is_mla:
-        return GQAAttention(om, backend)
+        return GQAAttention(om, backend, add_gemm, add_elem)
     H = om.heads
     gv = om.gemm_variant if om.wdtype == "fp8" else "bf16"
     if om.tables is not None:

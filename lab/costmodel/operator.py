@@ -211,7 +211,7 @@ class OperatorCostModel(CostModelBase):
     @property
     def mla_mode(self) -> str | None:
         """``module-table``, ``module-fit`` or ``decomposed`` for MLA; None for standard attention."""
-        return self.attn.mode if self.model.is_mla else None
+        return self.attn.mla_mode
 
     @property
     def pre_src(self) -> str:
@@ -330,8 +330,7 @@ class OperatorCostModel(CostModelBase):
 
     def _build(self) -> None:
         m, p = self.model, self.par
-        h, d = m.hidden_size, m.head_dim
-        H, Hk = self.heads, self.kv_heads
+        h = m.hidden_size
         tok: list[_TokOp] = []
         self.tok_ops = tok
 
@@ -359,13 +358,8 @@ class OperatorCostModel(CostModelBase):
         # ---- attention block (per layer, token-dependent part)
         add_elem("norms", "norm", 8 * h, (2, 0, 0))  # input and post-attention fused add+RMSNorm
         self.attn_calls = self.L
-        if not m.is_mla:
-            add_gemm("qkv_proj", (H + 2 * Hk) * d, h, _LAYER)
-            add_gemm("o_proj", h, H * d, _LAYER)
-            add_elem("rope", "rope", 4 * (H + Hk) * d, _LAYER)
-            if m.qk_norm:
-                add_elem("qk_norm", "norm", 4 * (H + Hk) * d, _LAYER)
-        # the attention kind and back-end (lab/costmodel/attention.py); MLA's decomposed form adds its projections
+        # the attention kind, source and back-end (lab/costmodel/attention.py), with its projection operators (none
+        # for an MLA module measured whole)
         self.attn = make_attention(self, self.attention_backend, add_gemm, add_elem)
         ar, ar_src = self._allreduce_fn(p.tp)
         ar_where = (1, 1, 1 if p.ep == 1 else 0)  # after attention; after the MLP unless EP combines it
