@@ -5,12 +5,12 @@ each with its vLLM source location (docs/vllm_parity.md lists them). Three kinds
   pure-Python sources for its runs, so that the comparison goes on past it, with a reproducer that still differs
   without it (``python -m parity --known`` and tests/test_vllm_parity.py check both). Once servelab has the fix the
   reproducer agrees unpatched, and the check says to drop the patch.
-* **Intended differences** (:data:`INTENDED`): behaviours servelab does not model. A trace that reaches one is
-  compared up to that schedule and stops there (:func:`reached`, and the harness's check of a resumed request one
-  token short); the run's summary counts those traces by name. None needs a trace excluded from the random draws
-  (:func:`excluded` stays for one that would).
-* **Configuration**: vLLM runs with ``disable_lookahead_block_hashes`` for EAGLE (parity/vllm_side.py), the
-  prefix-cache rule servelab models (INTENDED "lookahead-hashes").
+* **Intended differences** (:data:`INTENDED`): behaviours servelab does not model. Two are compared against the
+  vLLM mode that behaves as servelab does (parity/vllm_side.py): stale output dropped ("stale-output") and EAGLE's
+  prefix hashes without lookahead tokens ("lookahead-hashes"). A trace that reaches the third
+  ("resumed-one-short") is compared up to that schedule and stops there; the run's summary counts those traces by
+  name (:func:`reached` is where a further one would be detected). None needs a trace excluded from the random
+  draws (:func:`excluded` stays for one that would).
 """
 
 from __future__ import annotations
@@ -127,7 +127,10 @@ INTENDED: list[Intended] = [
              "stale), 2316-2338 and 2744-2770 (update_from_output / _update_request_with_output deliver it)",
              "Under async scheduling a request preempted while a step that computes it is in flight still gets "
              "that step's tokens in vLLM 0.33 (appended as stale output, which may even finish it while it waits); "
-             "servelab drops them (lab/engine/instance.py _drop_in_flight). The comparison stops at that schedule."),
+             "servelab drops them (lab/engine/instance.py _drop_in_flight), as vLLM's drop mode does "
+             "(drop_stale_output, scheduler.py:1832-1834 and 2337-2339, used for a prefix-cache reset and KV "
+             "connectors with a pending hand-off). The harness sets that mode on vLLM's preempted requests and "
+             "compares on."),
     Intended("resumed-one-short", "vllm/v1/core/sched/scheduler.py:998 (prefill_scheduled from is_prefill_chunk), "
              "1307-1316 (padding only without a running prefill chunk), 1863-1865 (is_prefill_chunk set)",
              "servelab tells a running prefill chunk from a decode by its counters (policies/vllm_v1.py "
@@ -145,11 +148,9 @@ INTENDED: list[Intended] = [
 
 def reached(preempted: list[str], in_flight: list) -> str | None:
     """The intended difference a schedule reached, where the comparison of the trace stops (the steps before it
-    were compared), or None: a request preempted while a step that computes it is in flight (async scheduling).
-    ``in_flight``: the vLLM side's batches in flight (SchedulerOutput first)."""
-    for batch in in_flight:
-        if any(rid in batch[0].num_scheduled_tokens for rid in preempted):
-            return "stale-output"
+    were compared), or None. None so far: "stale-output" is compared against vLLM's drop mode instead
+    (parity/vllm_side.py), and "resumed-one-short" is checked by the harness before the schedule's comparison.
+    ``preempted``: the requests this schedule preempted; ``in_flight``: the vLLM side's batches in flight."""
     return None
 
 

@@ -123,6 +123,8 @@ class VLLMEngine:
                      and not r.num_output_placeholders and r.num_computed_tokens == r.num_tokens - 1]
         out = self.sched.schedule()
         preempted = sorted(rid for rid, r in self.requests.items() if r.num_preemptions > before[rid])
+        for rid in preempted:  # known.py "stale-output": vLLM's drop mode for output in flight at a preemption
+            self.requests[rid].drop_stale_output = True
         tokens = dict(out.num_scheduled_tokens)
         rec: dict = {"preempted": preempted, "tokens": tokens, "one_short": [rid for rid in one_short if rid in tokens],
                      "spec": {rid: len(v) for rid, v in out.scheduled_spec_decode_tokens.items() if v}}
@@ -147,7 +149,7 @@ class VLLMEngine:
         sampled: list[list[int]] = []
         for rid in req_ids:
             r = self.requests[rid]
-            if not samples[rid] or r.is_finished():
+            if not samples[rid] or r.is_finished() or r.num_stale_output_tokens:  # (stale: dropped, no draws)
                 sampled.append([])
                 continue
             drafts = out.scheduled_spec_decode_tokens.get(rid) or []
