@@ -1,9 +1,9 @@
 """servelab's side: an ``Instance`` with the ``vllm_v1`` policy and the paged KV cache, driven one operation at a
 time (schedule a step, apply the oldest step's outputs) instead of by its SimPy loop.
 
-The settings map onto servelab as lab/experiment/resolve.py and build.py map a vLLM 0.33 experiment: lookahead slots and
-the last-hit-block drop for EAGLE, 0.33's padding of one-token admissions, free blocks without a hash to the head
-of the free queue, ``scheduler_reserve_full_isl`` on, no watermark.
+The settings map onto servelab as lab/experiment/resolve.py and build.py map a vLLM 0.33 experiment: lookahead
+slots and the last-hit-block drop for EAGLE, 0.33's padding of one-token admissions, free blocks without a hash to
+the head of the free queue, ``scheduler_reserve_full_isl`` on, no watermark.
 """
 
 from __future__ import annotations
