@@ -181,7 +181,8 @@ class VLLMEngine:
         live = [r for r in self.requests.values() if _live(r.status)]
         blocks = {}
         for r in live:
-            ids = kv.get_block_ids(r.request_id)[0] if r.request_id in kv.coordinator.single_type_managers[0].req_to_blocks else []
+            held = r.request_id in kv.coordinator.single_type_managers[0].req_to_blocks
+            ids = kv.get_block_ids(r.request_id)[0] if held else []
             if ids:
                 blocks[r.request_id] = list(ids)
         return {
