@@ -181,3 +181,23 @@ def test_default_front_end_shifts_an_open_loop_stream_and_keeps_the_fast_forward
     step = requests_frame(simulate(exp.model_copy(update={"simulation": exp.simulation.model_copy(
         update={"fast_forward": False})})).requests)
     assert step["ttft"].equals(df["ttft"]) and step["e2el"].equals(df["e2el"])
+
+
+def test_an_idle_engine_starts_a_delivered_request_at_its_arrival_not_an_ulp_before():
+    # found by tests/test_invariants_property.py: the front end's delivery (a SimPy timeout) may fire one ulp before
+    # the request's arrival_time; the engine must not schedule it before it arrived
+    from lab.experiment.config import parse_experiment
+    from lab.experiment.simulation import simulate
+
+    exp = parse_experiment({
+        "name": "ulp", "seed": 10000,
+        "workload": {"source": "synthetic", "num_requests": 21, "rate": 18.0,
+                     "prompt_tokens": {"kind": "uniform", "low": 1, "high": 197, "max": 197},
+                     "output_tokens": {"kind": "uniform", "low": 1, "high": 1, "max": 1}},
+        "model": {"name": "Llama-3.1-8B"},
+        "engine": {"block_size": 4, "num_gpu_blocks": 52, "max_num_seqs": 1, "max_num_batched_tokens": 4,
+                   "enable_prefix_caching": False, "async_scheduling": False, "cudagraph": False,
+                   "max_model_len": 4096},
+        "policy": {"scheduler": "orca"}})
+    res = simulate(exp)
+    assert all(r.arrival_time <= r.first_scheduled_time <= r.first_token_time for r in res.requests)

@@ -41,3 +41,23 @@ def test_async_lock_step_hides_cpu_time_shorter_than_the_step_in_flight():
     # the first step waits for its CPU work, every later one overlaps the step before: OUT steps of GPU time,
     # plus the first CPU time
     assert _finish_times(True) == pytest.approx([CPU_S + OUT * GPU_S] * 2)
+
+
+def test_async_pipeline_lock_step_waits_for_a_gated_decode_instead_of_stalling():
+    # composition draws (make composition): under async PP a decode is eligible again only pp scheduler steps after
+    # it sampled; with one request and nothing in flight the group must advance the ranks' step counters (vLLM calls
+    # schedule() again at once) rather than report a stalled scheduler
+    from lab.experiment.config import parse_experiment
+    from lab.experiment.simulation import simulate
+
+    exp = parse_experiment({
+        "name": "pp-lockstep", "seed": 1,
+        "workload": {"source": "synthetic", "num_requests": 3, "rate": 100.0,
+                     "prompt_tokens": {"kind": "constant", "value": 117},
+                     "output_tokens": {"kind": "constant", "value": 13}},
+        "model": {"name": "Qwen3-30B-A3B"},
+        "engine": {"max_model_len": 2048, "async_scheduling": True},
+        "hardware": {"pipeline_parallel_size": 3, "data_parallel_size": 2, "expert_parallel_size": 2},
+        "cluster": {"num_instances": 2}, "cost_model": {"kind": "operator"}})
+    res = simulate(exp)
+    assert [r.num_output_tokens for r in res.requests] == [13, 13, 13]

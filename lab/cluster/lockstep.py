@@ -130,6 +130,8 @@ class LockStepGroup:
                 if all(r.waits_for_events() for r in ranks):  # e.g. a decode rank's remote KV reads under way
                     yield self._sleep()
                     continue
+                if any([r.skip_to_eligible_step() for r in ranks]):  # async PP: every rank's counter, no short cut
+                    continue
                 self._reject_unservable()
                 continue
             end, steps = in_flight.popleft()

@@ -284,8 +284,9 @@ class Instance:
             return
         head = jump.blocked_head()
         deferred = head is None and jump.before_arrival()
-        if jump.finish_triggers_arrival and not self.window.steps and request.arrival_time > self.clock:
-            # closed loop: an idle instance starts at the send's exact time, not SimPy's clock (one ulp off)
+        if not self.window.steps and jump.plan_under_way is None and request.arrival_time > self.clock:
+            # an idle instance starts at the arrival's exact time, not SimPy's clock, which a delivery after a delay
+            # (a closed-loop send, the front end's time in) may leave one ulp before it (window.delay_until)
             self.clock = request.arrival_time
         self._note_arrival(request)
         reason = self.rejection_reason(request)
