@@ -630,10 +630,28 @@ def _heads_admitted(inst, heads: list[Request], m: int, num_running: int, num_sc
                 return None
         elif not decisions.admits_whole(inst, head, num_running, num_scheduled_tokens, num_free_blocks, left):
             chunk = decisions.admits_chunk(inst, head, num_running, num_scheduled_tokens, num_free_blocks, left)
-            return None if chunk is None else (taken + 1, chunk)  # (the chunk takes the budget left)
+            if chunk is None or not _admission_ends_after(inst, heads, x, left, num_running + 1,
+                                                          num_scheduled_tokens + chunk[0], num_free_blocks):
+                return None
+            return taken + 1, chunk
         computed = prompt - hit
         num_free_blocks -= decisions.blocks_admitted(inst, head, hit, num_running, num_scheduled_tokens, left)
         num_running += 1
         num_scheduled_tokens += computed
         taken += 1
     return None
+
+
+def _admission_ends_after(inst, heads: list[Request], x: int, num_waiting: int, num_running: int,
+                          num_scheduled_tokens: int, num_free_blocks: int) -> bool:
+    """Whether a schedule admits nothing after ``heads[x]``, admitted with a first chunk of its prompt: none waits
+    behind it, or the next head stays blocked with ``num_running`` running and ``num_scheduled_tokens`` scheduled
+    (the chunk's included). A chunk cut by the budget spends it; one cut by ``long_prefill_token_threshold`` does
+    not, and vLLM goes on admitting (vllm/v1/core/sched/scheduler.py, the waiting loop runs while budget is left).
+    ``num_free_blocks`` is counted before the chunk's blocks: more than there are, so a head blocked with them is
+    blocked (a head admitted with them may not be: False then, the jump does not plan that schedule)."""
+    if num_waiting <= 1:
+        return True
+    if x + 1 >= len(heads):
+        return False  # the next head is not known here
+    return decisions.head_stays_blocked(inst, heads[x + 1], num_running, num_scheduled_tokens, num_free_blocks)
