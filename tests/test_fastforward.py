@@ -838,3 +838,27 @@ def test_fast_forward_equals_step_by_step_under_vllm_v0_without_chunking_and_wit
 def test_fast_forward_equals_step_by_step_with_the_admission_knobs(spec, blocks, seqs, skip, priority):
     assert_same(spec, blocks=blocks, seqs=seqs, queue="priority",
                 engine={"skip_blocked_waiting": skip, "priority_preemption": priority})
+
+
+def test_a_prompt_chunked_by_the_long_prefill_threshold_does_not_end_admission_in_a_jump():
+    # make composition (seed 3, draw 71): with long_prefill_token_threshold 1 each admitted prompt computes one
+    # token and leaves budget, so vLLM admits the next waiting requests in the same schedule; the queue walk took the
+    # chunk for one that spends the budget and planned one admission where step-by-step made four
+    data = {"name": "threshold", "seed": 320,
+            "workload": {"source": "synthetic", "num_requests": 14, "rate": 207.99049531107698,
+                         "prompt_tokens": {"kind": "uniform", "low": 1, "high": 110, "max": 110},
+                         "output_tokens": {"kind": "uniform", "low": 1, "high": 16, "max": 16}},
+            "model": {"name": "Llama-3.1-8B"},
+            "engine": {"block_size": 16, "num_gpu_blocks": 11, "max_num_seqs": 8, "max_model_len": 2048,
+                       "max_num_batched_tokens": 200, "long_prefill_token_threshold": 1},
+            "policy": {"scheduler": "vllm_v1"},
+            "frontend": {"request_s": 0.0, "per_prompt_token_s": 0.0, "per_output_token_s": 0.0001},
+            "cluster": {"num_instances": 2}}
+    frames = []
+    for ff in (True, False):
+        res = simulate(parse_experiment({**data, "simulation": {"progress": False, "fast_forward": ff}}))
+        frames.append((requests_frame(res.requests), steps_frame(res)))
+        if ff:
+            assert sum(inst.jump.num_jumps for inst in res.instances) > 0
+    pd.testing.assert_frame_equal(frames[0][0], frames[1][0], check_exact=True)
+    pd.testing.assert_frame_equal(frames[0][1], frames[1][1], check_exact=True)
