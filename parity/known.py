@@ -31,74 +31,9 @@ class Patch:
     reproducer: Callable[[], Trace]
 
 
-# ---- pending fix 1: blocks cached after each output under async scheduling or speculative decoding ----
-
-def _cache_computed(request, kv) -> None:
-    """vLLM 0.33 ``update_from_output``: ``cache_blocks(request, num_computed_tokens - num_in_flight_tokens)``,
-    where a stop has trimmed the computed tokens to all but the last token (``_update_request_with_output``)."""
-    if kv.enable_prefix_caching:
-        last = request.prompt_len + request.num_output_tokens - 1
-        num_full = min(request.num_computed_tokens - request.inflight_tokens, last) // kv.block_size
-        if num_full > request.num_cached_blocks:
-            kv.register_full_blocks(request, num_full)
-
-
-def _cache_after_output_fix():
-    from lab.core import outputs
-
-    cls = outputs.StepOutputs
-    old_apply, old_release = cls.apply, outputs.release_request
-    active = [False]  # inside a step's outputs that cache (async scheduling or drafts)
-
-    def release_request(request, now, kv, on_done, on_hand_off):
-        if active[0]:
-            _cache_computed(request, kv)  # before its blocks are freed
-        old_release(request, now, kv, on_done, on_hand_off)
-
-    def apply(self, step, now):
-        was_running = [r.status is outputs.RequestStatus.RUNNING for r in step.requests]
-        active[0] = self.async_placeholders or self.acceptance is not None
-        try:
-            res = old_apply(self, step, now)
-        finally:
-            caching, active[0] = active[0], False
-        if caching:
-            for r, sampled, was in zip(step.requests, step.samples, was_running):
-                if sampled and was and r.status is outputs.RequestStatus.RUNNING:
-                    _cache_computed(r, self.kv)
-        return res
-
-    cls.apply, outputs.release_request = apply, release_request
-
-    def revert():
-        cls.apply, outputs.release_request = old_apply, old_release
-    return revert
-
-
-def _cache_after_output_trace() -> Trace:
-    # async scheduling, blocks of 2: request 0 (2 prompt tokens, 3 outputs) finishes at operation 7 with its second
-    # block (outputs 0 and 1) computed by its last step; vLLM caches that block at the output and frees it to the
-    # tail of the free queue, servelab never cached it and frees it to the head: the next allocation differs
-    import random
-
-    from parity.trace import random_settings, random_trace
-    rng = random.Random(14)
-    return random_trace(rng, random_settings(rng))
-
-
-PATCHES: list[Patch] = [
-    Patch("cache-after-output", "lab/core/outputs.py StepOutputs.apply / release_request, and the fast-forward "
-          "jump's registered blocks at a completion (lab/engine/jump/applying.py, free_order.py)",
-          "vllm/v1/core/sched/scheduler.py:2402-2415 (update_from_output: cache_blocks(request, "
-          "num_computed_tokens - num_in_flight_tokens) when the request had output placeholders or the engine "
-          "speculates)",
-          "Under async scheduling or speculative decoding vLLM 0.33 registers a request's full blocks after each "
-          "of its outputs, up to the tokens its finished steps computed; servelab registers them only when a "
-          "schedule allocates (capped at the tokens known then). A request that finishes or is preempted before "
-          "its next schedule so frees one more hashed block in vLLM, which goes to the tail of the free queue "
-          "(hittable, evicted last) instead of the head.",
-          _cache_after_output_fix, _cache_after_output_trace),
-]
+# None pending: cache-after-output, the one this harness found, is fixed (lab/core/outputs.py
+# cache_computed_blocks; docs/vllm_parity.md).
+PATCHES: list[Patch] = []
 
 _applied: list[Callable[[], None]] = []
 

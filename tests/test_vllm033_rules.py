@@ -59,3 +59,35 @@ def test_a_running_request_one_prompt_token_short_is_a_prefill_chunk_a_decode_is
     mid = Request(3, 0.0, 10, 5)
     mid.num_computed_tokens = 4
     assert [was_prefill_chunk(r) for r in (chunk, decode, in_flight, mid)] == [True, False, False, True]
+
+
+def test_an_output_registers_the_blocks_its_finished_steps_computed_before_a_finish_frees_them():
+    # vLLM 0.33 update_from_output (scheduler.py:2402-2415): under async scheduling or drafts, full blocks up to the
+    # computed tokens (less those in flight, trimmed to all but the last token) are cached after each output. A
+    # request with 6 prompt tokens in blocks of 4 that finishes with 3 outputs computed 8 tokens: 2 full blocks,
+    # while its last schedule (async: the last sample unknown then) registered only 1.
+    from lab.core.outputs import StepOutputs
+    from lab.core.samples import WeightedSamples
+    from lab.core.request import RequestStatus
+
+    def freed_order(async_scheduling: bool) -> list[int]:
+        kv = KVCacheManager(16, 4, 64, enable_prefix_caching=True)
+        r = Request(0, 0.0, 6, 3, prompt_token_ids=list(range(6)), output_token_ids=[100, 101, 102])
+        assert kv.allocate_slots(r, 8)
+        r.status = RequestStatus.RUNNING
+        kv.register_full_blocks(r, 1)  # what the last schedule registered
+        r.num_computed_tokens, r.num_output_tokens = 8, 2
+        r.num_output_placeholders = 1 if async_scheduling else 0
+        r.inflight_tokens = 1
+        outputs = StepOutputs(kv, WeightedSamples(), None, async_scheduling)
+
+        class Step:  # the step in flight that samples the third output
+            requests, num_new_tokens, samples, start, num_spec_tokens, padded_drafts = [r], [1], [True], 0.0, None, None
+        outputs.apply(Step, 1.0)
+        assert r.status is RequestStatus.FINISHED
+        return _free_head(kv, kv.num_free_blocks)
+
+    # sync (no drafts): vLLM caches at allocation only; block 2 holds no hash and goes to the head
+    assert freed_order(False)[:2] == [2, 3]
+    # async: block 2 was registered by the output, so both go to the tail, last block first
+    assert freed_order(True)[-2:] == [2, 1]

@@ -93,6 +93,24 @@ def release_request(request: Request, now: float, kv: KVCacheManager,
     on_hand_off(request)
 
 
+def cache_computed_blocks(request: Request, kv: KVCacheManager) -> None:
+    """Register the request's full blocks up to the tokens its finished steps computed, as vLLM 0.33 does after
+    each output under async scheduling or speculative decoding (vllm/v1/core/sched/scheduler.py:2402-2415,
+    ``update_from_output``: ``cache_blocks(request, num_computed_tokens - num_in_flight_tokens)``, where a stop has
+    trimmed the computed tokens to all but the last token, ``_update_request_with_output``). A schedule's
+    allocation registers at least as many for a request that runs on, so this matters for one that finishes, is
+    handed on or is preempted before its next allocation: it frees one more hashed block (to the free queue's
+    tail, still hittable) when its computed tokens fill a block. Found by the parity harness (docs/vllm_parity.md).
+    No-op without prefix caching."""
+    if not kv.enable_prefix_caching:
+        return
+    last = request.prompt_len + request.num_output_tokens - 1
+    computed = request.num_computed_tokens - request.inflight_tokens
+    num_full = (computed if computed < last else last) // kv.block_size
+    if num_full > request.num_cached_blocks:
+        kv.register_full_blocks(request, num_full)
+
+
 class StepOutputs:
     """Applies steps' outputs on one instance.
 
@@ -118,6 +136,15 @@ class StepOutputs:
         self.on_hand_off: Callable[[Request], None] | None = None
         self.async_placeholders = async_placeholders
         self.acceptance = acceptance
+        # vLLM registers full blocks after each output under async scheduling or speculative decoding
+        self.caches_after_output = (async_placeholders or acceptance is not None) and kv.enable_prefix_caching
+
+    def release(self, request: Request, now: float) -> None:
+        """:func:`release_request` for a request that reached ``stop_at`` at ``now``, its computed blocks first
+        registered where vLLM registers them after the output (:func:`cache_computed_blocks`)."""
+        if self.caches_after_output:
+            cache_computed_blocks(request, self.kv)
+        release_request(request, now, self.kv, self.on_done, self.on_hand_off)
 
     def apply(self, step: ScheduledStep, now: float) -> tuple[int, int]:
         """Apply ``step``'s outputs at ``now``; returns (tokens emitted, requests finished).
@@ -135,6 +162,7 @@ class StepOutputs:
             raise ValueError("a step scheduled draft tokens but the instance has no draft acceptance model")
         itl = self.itl
         placeholders = self.async_placeholders
+        caches, kv = self.caches_after_output, self.kv
         finished = sampled = same_gap = 0  # same_gap: samples equal to this step's gap (previous token at its start)
         # One pass: a request's in-flight count drops as its output is applied (nothing reads another request's
         # count meanwhile; releasing a finished request sets its own to 0).
@@ -154,8 +182,10 @@ class StepOutputs:
                 itl.add(now - r.last_token_time)
             r.last_token_time = now
             if k >= r.stop_at:
-                release_request(r, now, self.kv, self.on_done, self.on_hand_off)
+                self.release(r, now)
                 finished += 1
+            elif caches:
+                cache_computed_blocks(r, kv)
         if same_gap:
             itl.add(now - start, same_gap)
         return sampled, finished
@@ -200,9 +230,12 @@ class StepOutputs:
                 itl.add(now - last)  # one ITL sample per step output, however many tokens
             r.last_token_time = now
             if out >= stop:
-                release_request(r, now, self.kv, self.on_done, self.on_hand_off)
+                self.release(r, now)
                 finished += 1
-            elif propose is not None:
+                continue
+            if self.caches_after_output:
+                cache_computed_blocks(r, self.kv)
+            if propose is not None:
                 r.num_spec_tokens = propose(r)
         if same_gap:
             itl.add(now - start, same_gap)

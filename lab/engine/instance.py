@@ -22,7 +22,7 @@ import simpy
 from lab.core.batch import BatchShape, padded_size
 from lab.core.kv_cache import KVCacheManager
 from lab.core.kv_offload import KVOffloader
-from lab.core.outputs import DraftAcceptance, StepOutputs, release_request
+from lab.core.outputs import DraftAcceptance, StepOutputs
 from lab.core.request import Request, RequestStatus
 from lab.core.samples import WeightedSamples
 from lab.core.sched_api import Scheduler, SchedulerConfig, SchedulerContractError, contract_violation
@@ -714,7 +714,7 @@ class Instance:
     def complete(self, request: Request, now: float) -> None:
         """A request reached ``stop_at`` output tokens at ``now`` (the fast-forward's entry to the same path
         :meth:`finish_step` takes)."""
-        release_request(request, now, self.kv, self.on_done, self.outputs.on_hand_off)
+        self.outputs.release(request, now)
 
     # ---- the engine loop ----
     def _loop(self):

@@ -143,11 +143,17 @@ def blocks_at_end(a: ExtendedJump, i: int, bs: int) -> int:
 
 
 def full_blocks_at_end(a: ExtendedJump, i: int, bs: int, async_: bool, m: int = -1) -> int:
-    """Participant i's registered full blocks when it completes (``num_cached_blocks`` as :func:`_sync_counters`
-    sets it): computed tokens // block_size, one token less under async for a request past its prompt; with ``m``
-    >= 0, after its first ``m`` schedules instead."""
+    """Participant i's registered full blocks when it completes: computed tokens // block_size (under async its
+    output registers them, lab/core/outputs.py ``cache_computed_blocks``, as the last schedule did not; a
+    completing request is not scheduled after its last output's step); with ``m`` >= 0, after its first ``m``
+    schedules instead (``num_cached_blocks`` as :func:`_sync_counters` sets it: one token less under async for a
+    request past its prompt)."""
     if m < 0:
         m = a.rem[i]
+        if i < a.n_run:
+            return (a.c0[i] + m) // bs
+        k = len(a.chunks[i])
+        return (a.c0[i] + a.first_tokens[i] + m - k) // bs
     if i < a.n_run:
         c = a.c0[i] + m
         return (c - 1) // bs if async_ else c // bs
