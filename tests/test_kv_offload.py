@@ -156,3 +156,28 @@ def test_a_tier_too_small_for_one_block_is_an_error():
     exp = parse_experiment(_starved(kv_offloading_size=1e-6))
     with pytest.raises(ValueError, match=r"engine\.kv_offloading_size.*no KV block"):
         simulate(exp)
+
+
+def test_kv_loaded_from_the_cpu_tier_that_no_schedule_can_admit_is_dropped_and_recomputed():
+    # make composition (seed 4, draw 4930): with nothing running, a request holding KV loaded from the CPU tier
+    # could not be admitted (9 GPU blocks); the engine drops held KV to break the stall, which assumed remote KV
+    # (AttributeError on request.remote). It now frees the blocks and recomputes, as for remote KV.
+    from lab.experiment.config import parse_experiment
+    from lab.experiment.simulation import simulate
+
+    exp = parse_experiment({
+        "name": "cpu-held", "seed": 793,
+        "workload": {"source": "sessions", "num_requests": 5, "rate": 20.0,
+                     "turns": {"kind": "uniform", "low": 1, "high": 4, "max": 4},
+                     "prompt_tokens": {"kind": "uniform", "low": 1, "high": 107, "max": 107},
+                     "turn_tokens": {"kind": "uniform", "low": 1, "high": 16, "max": 16},
+                     "output_tokens": {"kind": "uniform", "low": 1, "high": 26, "max": 26}},
+        "model": {"name": "Llama-3.1-8B"},
+        "engine": {"block_size": 16, "num_gpu_blocks": 9, "max_num_seqs": 11, "max_model_len": 2048,
+                   "max_num_batched_tokens": 186, "scheduler_reserve_full_isl": False, "kv_offloading_size": 0.05},
+        "policy": {"scheduler": "vllm_v1"},
+        "simulation": {"progress": False, "record_events": True}})
+    res = simulate(exp)
+    assert all(r.finish_time is not None or r.reason for r in res.requests)
+    dropped = [e for r in res.requests for e in (r.events or []) if "KV loaded from the CPU tier dropped" in str(e)]
+    assert dropped

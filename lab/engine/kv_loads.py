@@ -103,15 +103,19 @@ def admit_loaded(inst, requests: list[Request]) -> None:
 
 
 def drop_held_kv(inst, request: Request) -> None:
-    """Nothing runs and no request holding remote KV can be admitted (each needs more blocks than the others
-    leave free): free the newest holder's blocks and let it recompute its prompt here, as a preemption (vLLM
-    recomputes a request whose remote KV it cannot use, ``kv_load_failure_policy = recompute``)."""
+    """Nothing runs and no request holding KV that arrived (a remote read, or a load from the CPU tier) can be
+    admitted (each needs more blocks than the others leave free): free the newest holder's blocks and let it
+    recompute its prompt here, as a preemption (vLLM recomputes a request whose loaded KV it cannot use,
+    ``kv_load_failure_policy = recompute``). Its copy in the CPU tier, if any, stays there."""
     inst.kv.free(request)
     request.num_computed_tokens = 0
-    request.remote.expired = True
+    remote = request.remote
+    if remote is not None:
+        remote.expired = True
     request.num_preemptions += 1
     inst.num_preemptions += 1
     if request.events is not None:
-        request.events.append((inst.now, "preempted", "remote KV dropped: no holder could be admitted; "
+        what = "remote KV" if remote is not None else "KV loaded from the CPU tier"
+        request.events.append((inst.now, "preempted", f"{what} dropped: no holder could be admitted; "
                                                       "recompute here"))
     inst.waiting.prepend(request)
