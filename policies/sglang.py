@@ -72,6 +72,17 @@ def decode_tokens(engine: EngineView, request: Request) -> int:
     return n if n <= cap else cap
 
 
+def kv_groups_per_token(engine: EngineView) -> int:
+    """KV cache groups in whose blocks each token takes a slot: 1, or a sliding-window hybrid's groups under the one
+    shared pool servelab runs it on (lab/core/kv_groups.py; SGLang itself keeps separate full and SWA pools,
+    docs/hybrid_models.md). SGLang's token arithmetic (the KV left for admission, a decode step's blocks) counts a
+    free token that many times over, counting the sliding-window blocks freed outside the window as held: a
+    conservative count, without which admission over-fills the shared pool and a decode that cannot allocate is
+    retracted again and again."""
+    hybrid = engine.kv.hybrid
+    return len(hybrid.groups) if hybrid is not None else 1
+
+
 def sglang_max_running_requests(pool_tokens: int, context_len: int) -> int:
     """SGLang's default ``--max-running-requests`` for a KV pool of ``pool_tokens`` tokens: ``pool_tokens // 2``, at
     most the request-slot pool's size ``min(max(int(pool_tokens / context_len * 512), 2048), 4096)`` (sglang
@@ -283,7 +294,8 @@ class SGLangScheduler(SchedulerBase):
             self.batch_is_full = True
             return out
         bs = kv.block_size
-        rem_total = kv.num_free_blocks * bs - self.new_token_ratio * sum(self._reserve(r) for r in decoding)
+        free_tokens = kv.num_free_blocks * bs // kv_groups_per_token(engine)
+        rem_total = free_tokens - self.new_token_ratio * sum(self._reserve(r) for r in decoding)
         rem_input = o.max_prefill_tokens
         chunk = o.chunked_prefill_size if o.chunked_prefill_size is not None else cfg.max_num_batched_tokens
         rem_chunk: int | None = None if chunk == -1 else chunk
@@ -349,7 +361,7 @@ class SGLangScheduler(SchedulerBase):
         if mixed and out.requests:
             ns = [decode_tokens(engine, d) for d in decoding]
             need = sum(max(0, -(-(d.num_computed_tokens + n) // bs) - len(d.blocks)) for d, n in zip(decoding, ns) if n)
-            if need <= kv.num_free_blocks:
+            if need * kv_groups_per_token(engine) <= kv.num_free_blocks:
                 for d, n in zip(decoding, ns):
                     if n > 0 and kv.allocate_slots(d, n):
                         out.add(d, n)
@@ -383,10 +395,11 @@ class SGLangScheduler(SchedulerBase):
 
     @staticmethod
     def _decode_need(engine: EngineView, decoding: list[Request]) -> int:
-        """New blocks the next decode step of ``decoding`` takes (``check_decode_mem``)."""
+        """New blocks the next decode step of ``decoding`` takes (``check_decode_mem``), in every KV cache group
+        (:func:`kv_groups_per_token`)."""
         bs = engine.kv.block_size
-        return sum(max(0, -(-(r.num_computed_tokens + decode_tokens(engine, r)) // bs) - len(r.blocks))
-                   for r in decoding)
+        return kv_groups_per_token(engine) * sum(
+            max(0, -(-(r.num_computed_tokens + decode_tokens(engine, r)) // bs) - len(r.blocks)) for r in decoding)
 
     def _retract(self, engine: EngineView, decoding: list[Request], out: SchedulerOutput) -> list[Request]:
         """``retract_decode``: retract until the next decode step of the rest fits (``next_decode``) or the free KV

@@ -190,3 +190,13 @@ def test_a_trace_file_replays_through_pd_and_pools(tmp_path):
         exp = parse_experiment({"name": "t", "workload": {"source": "csv", "path": str(trace)}, **layout})
         res = _runs_clean(exp)
         assert [r.num_output_tokens for r in res.requests] == [10, 20, 5]
+
+
+def test_sglang_on_a_sliding_window_hybrid_counts_every_kv_group_and_does_not_livelock():
+    # make composition (seed 4, draw 238): SGLang + gpt-oss-20b + EAGLE in a 19-block pool; SGLang's token
+    # arithmetic read the shared pool's free blocks as tokens of one group, admitted two requests whose blocks in both
+    # groups did not fit, and retracted and re-admitted them 10,000 times (the no-progress guard's error)
+    from tests import composition as comp
+
+    outcome = comp.run_draw(comp.draw_from_seed(4, 238), timeout_s=120)
+    assert outcome.kind == "ok", outcome.message
