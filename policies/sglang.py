@@ -360,8 +360,7 @@ class SGLangScheduler(SchedulerBase):
 
         if mixed and out.requests:
             ns = [decode_tokens(engine, d) for d in decoding]
-            need = sum(max(0, -(-(d.num_computed_tokens + n) // bs) - len(d.blocks)) for d, n in zip(decoding, ns) if n)
-            if need * kv_groups_per_token(engine) <= kv.num_free_blocks:
+            if self._decode_need(engine, decoding) <= kv.num_free_blocks:
                 for d, n in zip(decoding, ns):
                     if n > 0 and kv.allocate_slots(d, n):
                         out.add(d, n)
