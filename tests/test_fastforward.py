@@ -128,6 +128,7 @@ def test_fast_forward_equals_step_by_step_without_chunked_prefill(spec, version,
                 engine={"max_model_len": 320})
 
 
+@pytest.mark.instruments_core  # counts calls of decisions.admits_resumed
 @pytest.mark.parametrize("version", ["0.33", "0.11"])
 def test_a_jump_starts_with_the_resumption_of_a_preempted_head(monkeypatch, version):
     """Overloaded, prefix caching on: preempted requests head the queue, and a jump may start with schedule 0
@@ -413,26 +414,27 @@ def test_fast_forward_goes_on_through_arrivals_behind_a_blocked_head(scheduler, 
     assert inst.jump.jumped_steps > 0.92 * len(inst.steps)  # 0.88-0.89 when every arrival ends a jump
 
 
+@pytest.mark.instruments_core  # counts calls of decisions.head_decision
 @pytest.mark.parametrize("scheduler,version", [("vllm_v1", "0.33"), ("vllm_v1", "0.11"), ("sarathi", "0.11")])
 @pytest.mark.parametrize("caching", [True, False])
 def test_fast_forward_goes_on_through_completions_that_leave_the_head_blocked_by_kv(monkeypatch, scheduler,
                                                                                     version, caching):
     # Five requests hold most of the 59 usable blocks (9 each for their prompts, growing as they decode); the
     # sixth needs 38 blocks for its prompt, so its admission waits for several completions. Each completion
-    # before the one that frees enough leaves it blocked (SchedulerBase.head_stays_blocked), and the jump goes
+    # before the one that frees enough leaves it blocked (decisions.head_decision), and the jump goes
     # on through it instead of ending there.
     from lab.core.sched_api import SchedulerBase
     from lab.engine.jump import decisions
 
     verdicts = []
-    original = decisions.head_stays_blocked
+    original = decisions.head_decision
 
     def counting(*args):
-        verdict = original(*args)
-        verdicts.append(verdict)
-        return verdict
+        decision = original(*args)
+        verdicts.append(decision[0] == decisions.BLOCKED)
+        return decision
 
-    monkeypatch.setattr(decisions, "head_stays_blocked", counting)
+    monkeypatch.setattr(decisions, "head_decision", counting)
     spec = [(0.001, 144, 10 + 20 * i, None) for i in range(5)] + [(0.001, 600, 30, None)]
     spec += [(0.001, 20 + i, 25, None) for i in range(8)]
     res = assert_same(spec, scheduler=scheduler, version=version, seqs=16, blocks=60, caching=caching, mbt=1024,

@@ -19,7 +19,8 @@ from types import ModuleType
 # Kept equal to setup.py's HOT_CORE (tests/test_compiled_core.py checks).
 COMPILED_MODULES = ("lab.core.request", "lab.core.batch", "lab.core.kv_cache", "lab.costmodel.roofline",
                     "lab.engine.jump.base", "lab.engine.jump.pricing", "lab.engine.jump.blocks", "lab.engine.jump.admitting",
-                    "lab.engine.jump.arrivals", "lab.engine.jump.free_order", "lab.engine.jump.queue_walk", "lab.engine.jump.core", "lab.engine.jump.applying")
+                    "lab.engine.jump.arrivals", "lab.engine.jump.free_order", "lab.engine.jump.queue_walk", "lab.engine.jump.core", "lab.engine.jump.applying",
+                    "lab.engine.jump.decisions")
 
 PURE_PYTHON_ENV = "SERVELAB_PURE_PYTHON"
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder holding lab/

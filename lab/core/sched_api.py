@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from lab.core.kv_cache import KVCacheManager
 from lab.core.queues import WaitingQueue, make_queue
@@ -139,9 +139,10 @@ class SchedulerOutput:
         return sum(self.num_new_tokens)
 
 
-@dataclass(frozen=True)
-class Admission:
+class Admission(NamedTuple):
     """A scheduler's decision to admit a waiting request in one schedule (:meth:`SchedulerBase.admission`).
+    Immutable (a named tuple: the jump asks for one per planned schedule, 10^5 times a run, and a frozen dataclass
+    took 1.5 us to build against 0.4 us).
 
     Attributes:
         num_new_tokens: tokens it computes in this step (0: it waits, and admission stops at it).

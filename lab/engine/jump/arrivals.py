@@ -148,12 +148,14 @@ def _admits_all(inst, group: list, num_running: int, num_decodes: int, num_free_
     num_scheduled_tokens = num_decodes
     left = len(group)
     for r in group:
-        if num_free_blocks < 0 or not decisions.admits_whole(inst, r, num_running, num_scheduled_tokens,
-                                                             num_free_blocks, left):
+        if num_free_blocks < 0:
+            return False
+        kind, _, blocks = decisions.head_decision(inst, r, num_running, num_scheduled_tokens, num_free_blocks, left)
+        if kind != decisions.WHOLE:
             return False
         left -= 1
         if left:
-            num_free_blocks -= decisions.blocks_admitted(inst, r, 0, num_running, num_scheduled_tokens, left + 1)
+            num_free_blocks -= blocks
             num_running += 1
             num_scheduled_tokens += r.num_tokens
     return True

@@ -290,13 +290,13 @@ def _cut_at_schedule_zero(inst, running: list[Request], check_head: bool) -> boo
         return False
     head: Request = inst.waiting.peek()
     n = len(running)
-    if decisions.head_stays_blocked(inst, head, n, num_decodes, avail):
+    left = len(inst.waiting)
+    kind = decisions.head_decision(inst, head, n, num_decodes, avail, left)[0]
+    if kind == decisions.BLOCKED:
         return False
     if not walks_queue(inst, running):
         return True
-    left = len(inst.waiting)
-    if (decisions.admits_whole(inst, head, n, num_decodes, avail, left)
-            or decisions.admits_chunk(inst, head, n, num_decodes, avail, left) is not None):
+    if kind == decisions.WHOLE or kind == decisions.CHUNK:
         return False
     hit = resumed_hit(inst, head, crossing)
     return hit is None or not decisions.admits_resumed(inst, head, hit, n, num_decodes, avail, left)

@@ -31,44 +31,82 @@ def _fits(kv: KVCacheManager, request: Request, adm: Admission, num_hit_tokens: 
     return need <= num_free_blocks - adm.reserved_blocks
 
 
-def _plain(inst, request: Request, num_hit_tokens: int | None, num_running: int, num_scheduled_tokens: int,
-           num_requests: int) -> Admission | None:
-    """The scheduler's admission of ``request``, when the jump can model it: no CPU KV tier, no state held by the
-    request (swapped out, or remote KV that arrived), no padded drafts."""
-    if inst.kv_offload is not None or request.num_computed_tokens:
+# What a planned schedule does with the waiting head (:func:`head_decision`'s first value).
+BLOCKED = 0  # admission stops at it: it waits (max_num_seqs, no budget left, its prompt or its blocks do not fit)
+WHOLE = 1  # admitted with its whole sequence in this step, its blocks fitting
+CHUNK = 2  # admitted with a first chunk of its prompt, its blocks fitting
+UNKNOWN = 3  # the jump cannot tell (a real schedule decides)
+
+
+def _modelled(inst, request: Request, adm: Admission | None) -> Admission | None:
+    """``adm``, the scheduler's admission of ``request``, when the jump can model it: no CPU KV tier, no state held
+    by the request (swapped out, or remote KV that arrived), no padded drafts; else None."""
+    if adm is None or adm.num_padded_drafts or inst.kv_offload is not None or request.num_computed_tokens:
         return None
-    adm = inst.scheduler.admission(inst, request, num_hit_tokens, num_running, num_scheduled_tokens, num_requests)
-    return None if adm is None or adm.num_padded_drafts else adm
+    return adm
+
+
+def head_decision(inst, head: Request, num_running: int, num_scheduled_tokens: int, num_free_blocks: int,
+                  num_waiting: int) -> tuple[int, int, int]:
+    """What a schedule the jump plans does with the waiting ``head``, asked of the scheduler's ``admission`` once:
+    ``num_running`` requests running, ``num_scheduled_tokens`` tokens already scheduled (the decodes, one each,
+    then prompts admitted before it), ``num_free_blocks`` free KV blocks after their allocations, ``num_waiting``
+    requests waiting from ``head`` on (running + waiting is the schedule's request count; admissions earlier in
+    the schedule move one from waiting to running, leaving the sum as it was when the schedule began).
+
+    Returns ``(kind, tokens, blocks)``: ``(BLOCKED, 0, 0)``; ``(WHOLE, tokens, blocks it takes from the free
+    queue)``; ``(CHUNK, tokens it computes now, tokens whose blocks its admission allocates: the chunk, or the
+    whole prompt for a policy that reserves it)``; ``(UNKNOWN, 0, 0)``. A head that may still get a prefix hit
+    (content others share, or a load from the CPU tier) is BLOCKED when its blocks do not fit even without one
+    (a hit its own freed blocks may give does not change its whole sequence's block count,
+    ``KVCacheManager.blocks_to_admit``), else UNKNOWN; one holding computed state or given padded drafts is
+    BLOCKED only when the scheduler says it waits."""
+    held = head.num_computed_tokens
+    certain_hit = inst.kv_offload is None and (held or no_hit_possible(inst.kv, head))
+    adm = inst.scheduler.admission(inst, head, held if certain_hit else None, num_running, num_scheduled_tokens,
+                                   num_running + num_waiting)
+    if adm is None:
+        return UNKNOWN, 0, 0
+    n = adm.num_new_tokens
+    if n == 0:
+        return BLOCKED, 0, 0
+    if _modelled(inst, head, adm) is None:
+        return UNKNOWN, 0, 0
+    need = inst.kv.blocks_to_admit(head, n + adm.num_reserved_tokens, adm.num_lookahead_tokens,
+                                   adm.full_sequence_must_fit)
+    if need is None:
+        return UNKNOWN, 0, 0
+    if need > num_free_blocks - adm.reserved_blocks:
+        return BLOCKED, 0, 0
+    if not certain_hit:
+        return UNKNOWN, 0, 0
+    if n == head.num_tokens:
+        return WHOLE, n, need
+    return CHUNK, n, n + adm.num_reserved_tokens
 
 
 def head_stays_blocked(inst, head: Request, num_running: int, num_scheduled_tokens: int,
                        num_free_blocks: int) -> bool:
-    """Whether a schedule made during a stretch of pure decodes still does not admit the waiting ``head``:
-    ``num_running`` requests running, ``num_scheduled_tokens`` tokens already scheduled (the decodes, one each,
-    then prompts admitted before it), ``num_free_blocks`` free KV blocks after their allocations. A hit its own
-    freed blocks may give does not change its whole sequence's block count (``blocks_to_admit``), so only a hit on
-    content others share leaves it open."""
-    num_requests = num_running + len(inst.waiting)
-    if inst.kv_offload is None and (head.num_computed_tokens or no_hit_possible(inst.kv, head)):
-        hit: int | None = head.num_computed_tokens  # (its held state, or no hit at all)
-    else:
-        hit = None  # a prefix hit, or a load from the CPU tier, may still come
-    adm = inst.scheduler.admission(inst, head, hit, num_running, num_scheduled_tokens, num_requests)
-    if adm is not None and adm.num_new_tokens == 0:
-        return True
-    adm = _plain(inst, head, hit, num_running, num_scheduled_tokens, num_requests)
-    return adm is not None and _fits(inst.kv, head, adm, 0, num_free_blocks) is False
+    """Whether a schedule made during a stretch of pure decodes certainly does not admit the waiting ``head``
+    (:func:`head_decision` with the instance's waiting queue)."""
+    return head_decision(inst, head, num_running, num_scheduled_tokens, num_free_blocks,
+                         len(inst.waiting))[0] == BLOCKED
 
 
 def admits_whole(inst, request: Request, num_running: int, num_scheduled_tokens: int, num_free_blocks: int,
                  num_waiting: int = 1) -> bool:
     """Whether such a schedule admits ``request``, the head of ``num_waiting`` waiting requests, with its whole
-    sequence (``request.num_tokens`` tokens) in this step, its blocks fitting."""
-    if not no_hit_possible(inst.kv, request):
-        return False
-    adm = _plain(inst, request, 0, num_running, num_scheduled_tokens, num_running + num_waiting)
-    return (adm is not None and adm.num_new_tokens == request.num_tokens
-            and _fits(inst.kv, request, adm, 0, num_free_blocks) is True)
+    sequence (``request.num_tokens`` tokens) in this step, its blocks fitting (:func:`head_decision`)."""
+    return head_decision(inst, request, num_running, num_scheduled_tokens, num_free_blocks, num_waiting)[0] == WHOLE
+
+
+def _plain(inst, request: Request, num_hit_tokens: int | None, num_running: int, num_scheduled_tokens: int,
+           num_requests: int) -> Admission | None:
+    """The scheduler's admission of ``request`` (:func:`_modelled`), when the jump can model it."""
+    if inst.kv_offload is not None or request.num_computed_tokens:
+        return None
+    return _modelled(inst, request, inst.scheduler.admission(inst, request, num_hit_tokens, num_running,
+                                                             num_scheduled_tokens, num_requests))
 
 
 def admits_resumed(inst, request: Request, num_hit_tokens: int, num_running: int, num_scheduled_tokens: int,
@@ -86,23 +124,19 @@ def admits_resumed(inst, request: Request, num_hit_tokens: int, num_running: int
 def admits_chunk(inst, request: Request, num_running: int, num_scheduled_tokens: int, num_free_blocks: int,
                  num_waiting: int) -> tuple[int, int] | None:
     """When such a schedule admits ``request`` with a first chunk of its prompt only: (tokens it computes now,
-    tokens whose blocks its admission allocates: the chunk, or the whole prompt for a policy that reserves it);
-    None when it would not, or it cannot be told."""
-    if not no_hit_possible(inst.kv, request):
-        return None
-    adm = _plain(inst, request, 0, num_running, num_scheduled_tokens, num_running + num_waiting)
-    if adm is None or not 0 < adm.num_new_tokens < request.num_tokens:
-        return None
-    if _fits(inst.kv, request, adm, 0, num_free_blocks) is not True:
-        return None
-    return adm.num_new_tokens, adm.num_new_tokens + adm.num_reserved_tokens
+    tokens whose blocks its admission allocates); None when it would not, or it cannot be told
+    (:func:`head_decision`)."""
+    kind, tokens, allocated = head_decision(inst, request, num_running, num_scheduled_tokens, num_free_blocks,
+                                            num_waiting)
+    return (tokens, allocated) if kind == CHUNK else None
 
 
 def blocks_admitted(inst, request: Request, num_hit_tokens: int, num_running: int, num_scheduled_tokens: int,
                     num_waiting: int) -> int:
-    """KV blocks the admission of ``request`` takes from the free queue, for one :func:`admits_whole` or
-    :func:`admits_resumed` said is admitted (the next admission in the same schedule sees that many fewer): its
-    whole sequence's blocks, a hit block leaving the free queue as a new block would.
+    """KV blocks the admission of ``request``, resumed with a prefix hit of ``num_hit_tokens`` of its own freed
+    blocks, takes from the free queue, for one :func:`admits_resumed` said is admitted (the next admission in the
+    same schedule sees that many fewer): its whole sequence's blocks, a hit block leaving the free queue as a new
+    block would.
 
     Raises:
         ValueError: the scheduler does not admit it there (a caller's error).

@@ -48,8 +48,8 @@ def through_queue(inst, running: list[Request], computed0: list[int], rem: list[
 
     At the schedule j after a completion, the scheduler's declared rules decide (:func:`_heads_admitted`), from the
     running count, the tokens it schedules first and the free blocks after their allocations: if the head stays
-    blocked (``decisions.head_stays_blocked``) the decodes go on to the next completion; if it takes heads with
-    their whole prompts (``decisions.admits_whole``) before one it leaves blocked, schedule j admits them as
+    blocked (``decisions.head_decision``) the decodes go on to the next completion; if it takes heads with
+    their whole prompts (``decisions.WHOLE``) before one it leaves blocked, schedule j admits them as
     :func:`through_arrivals` admits an arrival, and the schedule after it (with the whole budget again) is
     checked the same way. The extension ends at the first schedule whose decision is not certain (``admit_after``
     of the result: the jump ends with the step before it, and that schedule is a real one), before a schedule that
@@ -619,23 +619,27 @@ def _heads_admitted(inst, heads: list[Request], m: int, num_running: int, num_sc
     taken = 0
     for x in range(m, len(heads)):  # (heads[m:], without the copy)
         head = heads[x]
-        if decisions.head_stays_blocked(inst, head, num_running, num_scheduled_tokens, num_free_blocks):
-            return taken, None
         left = num_waiting - taken
+        kind, tokens, amount = decisions.head_decision(inst, head, num_running, num_scheduled_tokens,
+                                                       num_free_blocks, left)
+        if kind == decisions.BLOCKED:
+            return taken, None
         prompt = head.num_tokens
         resumed = not taken and first_hit is not None
         hit: int = first_hit if resumed and first_hit is not None else 0
         if resumed:
             if not decisions.admits_resumed(inst, head, hit, num_running, num_scheduled_tokens, num_free_blocks, left):
                 return None
-        elif not decisions.admits_whole(inst, head, num_running, num_scheduled_tokens, num_free_blocks, left):
-            chunk = decisions.admits_chunk(inst, head, num_running, num_scheduled_tokens, num_free_blocks, left)
-            if chunk is None or not _admission_ends_after(inst, heads, x, left, num_running + 1,
-                                                          num_scheduled_tokens + chunk[0], num_free_blocks):
+            amount = decisions.blocks_admitted(inst, head, hit, num_running, num_scheduled_tokens, left)
+        elif kind == decisions.CHUNK:
+            if not _admission_ends_after(inst, heads, x, left, num_running + 1, num_scheduled_tokens + tokens,
+                                         num_free_blocks):
                 return None
-            return taken + 1, chunk
+            return taken + 1, (tokens, amount)
+        elif kind != decisions.WHOLE:
+            return None
         computed = prompt - hit
-        num_free_blocks -= decisions.blocks_admitted(inst, head, hit, num_running, num_scheduled_tokens, left)
+        num_free_blocks -= amount  # (the blocks its admission takes)
         num_running += 1
         num_scheduled_tokens += computed
         taken += 1
@@ -654,4 +658,5 @@ def _admission_ends_after(inst, heads: list[Request], x: int, num_waiting: int, 
         return True
     if x + 1 >= len(heads):
         return False  # the next head is not known here
-    return decisions.head_stays_blocked(inst, heads[x + 1], num_running, num_scheduled_tokens, num_free_blocks)
+    return decisions.head_decision(inst, heads[x + 1], num_running, num_scheduled_tokens, num_free_blocks,
+                                   num_waiting - 1)[0] == decisions.BLOCKED
