@@ -91,7 +91,7 @@ def plan_bound(inst, head, running: list[Request], computed0: list[int], rem: li
     if check_head and head is not None:
         avail = free - new_blocks(1)
         num_decodes = sum(1 for r in rem if r > 0)
-        if avail >= 0 and not _stays_blocked(inst, head, n, num_decodes, avail):
+        if avail >= 0 and not decisions.head_stays_blocked(inst, head, n, num_decodes, avail):
             return 0, -1  # schedule 0 may admit it (avail < 0: schedule 0 preempts, found below)
     caching = inst.kv.enable_prefix_caching
     ref_cnt = inst.kv.pool.ref_cnt
@@ -110,7 +110,7 @@ def plan_bound(inst, head, running: list[Request], computed0: list[int], rem: li
             # schedule f runs without the requests whose last token is in flight: one more token of budget each
             num_decodes = n - bisect_right(fin_sorted, f)
             avail = free + freed - new_blocks(f + 1)
-            if avail >= 0 and not _stays_blocked(inst, head, n - pos, num_decodes, avail):
+            if avail >= 0 and not decisions.head_stays_blocked(inst, head, n - pos, num_decodes, avail):
                 return f, f - 1
         if f + 1 >= k:
             return k, (f if f < k and head is not None else None)
@@ -125,15 +125,8 @@ def plan_bound(inst, head, running: list[Request], computed0: list[int], rem: li
             avail = free + freed - new_blocks(f + 2)
             if avail < 0:
                 continue  # schedule f + 1 preempts before admitting: the next segment stops there
-            if not _stays_blocked(inst, head, n - pos, num_decodes, avail):
+            if not decisions.head_stays_blocked(inst, head, n - pos, num_decodes, avail):
                 return f + 1, f
-
-
-def _stays_blocked(inst, head: Request, num_running: int, num_decodes: int, num_free_blocks: int) -> bool:
-    """Whether a schedule of ``num_decodes`` decodes, ``num_running`` running, leaves the waiting ``head`` blocked
-    (:func:`~lab.engine.jump.decisions.head_decision`)."""
-    return decisions.head_decision(inst, head, num_running, num_decodes, num_free_blocks,
-                                   len(inst.waiting))[0] == decisions.BLOCKED
 
 
 def _blocks_freed(request: Request, ref_cnt: list[int], ref_left: dict[int, int], caching: bool) -> int:
