@@ -94,6 +94,12 @@ def padded_drafts(config: SchedulerConfig, num_computed: int, budget: int, runni
     return None if 1 + k > budget else k
 
 
+def pads_one_token_admissions(config: SchedulerConfig) -> bool:
+    """Whether an admission with one token to compute may be padded with placeholder drafts (vLLM 0.33
+    ``pad_new_one_token_requests`` under speculative decoding; :func:`padded_drafts`)."""
+    return bool(config.pad_new_one_token_requests and config.num_speculative_tokens)
+
+
 def running_phase_of(requests: list[Request]) -> tuple[bool, bool]:
     """What phase 1 of a schedule leaves for :func:`padded_drafts`: whether it scheduled a running request, and
     whether one of them was part-way through its prompt (:func:`was_prefill_chunk`)."""
@@ -268,7 +274,7 @@ class VLLMV1Scheduler(SchedulerBase):
         hit = num_hit_tokens or 0
         n = request.num_tokens - hit
         pad = 0
-        if cfg.pad_new_one_token_requests and cfg.num_speculative_tokens and n == 1:
+        if n == 1 and pads_one_token_admissions(cfg):
             if running_phase is None or num_hit_tokens is None:
                 return None
             pad = padded_drafts(cfg, hit, budget, *running_phase)
@@ -299,7 +305,7 @@ class VLLMV1Scheduler(SchedulerBase):
         slots = request_slots(cfg)
         start = step_budget(cfg)
         skipped = 0  # waiting requests passed over in this schedule
-        phase1 = running_phase_of(out.requests)
+        phase1 = running_phase_of(out.requests) if pads_one_token_admissions(cfg) else None  # (read only then)
         while budget > 0:
             if len(running) >= cfg.max_num_seqs:
                 victim = self._priority_victim(engine, skipped)

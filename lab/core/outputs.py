@@ -1,4 +1,6 @@
-"""Applying a step's outputs: the one place where tokens are appended, drafts rolled back, requests finished.
+"""A step's effect on its requests' counters: the one place where a schedule's tokens are counted as computed
+(:func:`count_scheduled_tokens`, vLLM's ``_update_after_schedule``), and where outputs append tokens, roll drafts
+back and finish requests (:class:`StepOutputs`, vLLM's ``update_from_output``).
 
 As vLLM's ``Scheduler.update_from_output`` (vllm/v1/core/sched/scheduler.py): every request that sampled gets
 1 + accepted tokens (accepted = drafts the rejection sampler kept, 0 without speculative decoding), its
@@ -35,6 +37,45 @@ class DraftAcceptance(Protocol):
     def propose(self, request: Request) -> int: ...
 
     def num_accepted(self, request: Request, num_draft_tokens: int) -> int: ...
+
+
+def count_scheduled_tokens(requests: list[Request], num_new_tokens: list[int], num_spec_tokens: list[int] | None,
+                           now: float, block_size: int, placeholders: bool,
+                           propose: Callable[[Request], int] | None) -> tuple[list[int], list[bool], int]:
+    """Count a schedule's tokens as computed (vLLM ``_update_after_schedule``): C += n for each request, its
+    in-flight tokens too, and a request whose C reaches ``num_tokens`` + placeholders + its drafts (``k``, from
+    ``num_spec_tokens``; None = none) samples at the end of the step; under async scheduling (``placeholders``) it
+    then holds 1 + k output placeholders and, with ``propose``, its next drafts as placeholders. ``now`` (seconds)
+    is its first scheduled time if it had none.
+
+    Returns (each request's tokens computed before, whether each samples, -1), or, at the first request that is
+    not running or whose blocks of ``block_size`` tokens do not hold its C + n tokens, the lists so far and that
+    request's index (nothing of it counted: the caller reports the broken scheduler contract).
+    """
+    before: list[int] = []
+    samples: list[bool] = []
+    for i in range(len(requests)):
+        r = requests[i]
+        n = num_new_tokens[i]
+        k = num_spec_tokens[i] if num_spec_tokens is not None else 0
+        c = r.num_computed_tokens
+        if r.status is not _RUNNING or len(r.blocks) * block_size < c + n:
+            return before, samples, i
+        before.append(c)
+        c += n
+        r.num_computed_tokens = c
+        r.inflight_tokens += n
+        if c >= r.prompt_len + r.num_output_tokens + r.num_output_placeholders + k:
+            if placeholders:
+                r.num_output_placeholders += 1 + k
+                if propose is not None:  # async: the next drafts are placeholders, the real ones stay on the GPU
+                    r.num_spec_tokens = propose(r)
+            samples.append(True)
+        else:
+            samples.append(False)
+        if r.first_scheduled_time is None:
+            r.first_scheduled_time = now
+    return before, samples, -1
 
 
 def record_first_token(request: Request, now: float) -> None:
@@ -174,12 +215,13 @@ class StepOutputs:
                 r.num_output_placeholders -= 1
             sampled += 1
             r.num_output_tokens = k = r.num_output_tokens + 1
+            last = r.last_token_time
             if r.first_token_time is None:
                 record_first_token(r, now)
-            elif r.last_token_time == start:
+            elif last == start:
                 same_gap += 1
-            else:
-                itl.add(now - r.last_token_time)
+            elif last is not None:  # (always: a request with a first token has a last one)
+                itl.add(now - last)
             r.last_token_time = now
             if k >= r.stop_at:
                 self.release(r, now)
@@ -226,8 +268,8 @@ class StepOutputs:
                 record_first_token(r, now)
             elif last == start:
                 same_gap += 1
-            else:
-                itl.add(now - last)  # one ITL sample per step output, however many tokens
+            elif last is not None:  # one ITL sample per step output, however many tokens
+                itl.add(now - last)
             r.last_token_time = now
             if out >= stop:
                 self.release(r, now)

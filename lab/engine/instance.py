@@ -14,7 +14,6 @@ import sys
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Callable
 
 import simpy
@@ -22,7 +21,7 @@ import simpy
 from lab.core.batch import BatchShape, padded_size
 from lab.core.kv_cache import KVCacheManager
 from lab.core.kv_offload import KVOffloader
-from lab.core.outputs import DraftAcceptance, StepOutputs
+from lab.core.outputs import DraftAcceptance, StepOutputs, count_scheduled_tokens
 from lab.core.request import Request, RequestStatus
 from lab.core.samples import WeightedSamples
 from lab.core.sched_api import Scheduler, SchedulerConfig, SchedulerContractError, contract_violation
@@ -548,57 +547,19 @@ class Instance:
 
     def _advance(self, reqs: list[Request], news: list[int], spec: list[int] | None,
                  now: float) -> tuple[list[int], list[bool]]:
-        """C += n for every scheduled request (after checking it runs and holds KV for its tokens); returns the
-        tokens each had computed before and whether each samples at the end of the step."""
-        placeholders = self.async_scheduling
-        bs = self.kv.block_size
-        propose = self.acceptance.propose if placeholders and self.acceptance is not None else None
-        if spec is None and propose is None:
-            return self._advance_plain(reqs, news, now, bs, placeholders)
-        before = []
-        samples = []
-        add_before = before.append
-        add_sample = samples.append
-        for r, n, k in zip(reqs, news, spec if spec is not None else repeat(0)):
-            c = r.num_computed_tokens
-            if r.status is not _RUNNING or len(r.blocks) * bs < c + n:
-                self._bad_request(r, n)
-            add_before(c)
-            c += n
-            r.num_computed_tokens = c
-            r.inflight_tokens += n
-            if c >= r.prompt_len + r.num_output_tokens + r.num_output_placeholders + k:
-                if placeholders:
-                    r.num_output_placeholders += 1 + k
-                    if propose is not None:  # async: the next drafts are placeholders, the real ones stay on the GPU
-                        r.num_spec_tokens = propose(r)
-                add_sample(True)
-            else:
-                add_sample(False)
-            if r.first_scheduled_time is None:
-                r.first_scheduled_time = now
-        return before, samples
+        """C += n for every scheduled request (lab/core/outputs.py ``count_scheduled_tokens``, after checking it
+        runs and holds KV for its tokens); returns the tokens each had computed before and whether each samples at
+        the end of the step.
 
-    def _advance_plain(self, reqs: list[Request], news: list[int], now: float, bs: int,
-                       placeholders: bool) -> tuple[list[int], list[bool]]:
-        """:meth:`_advance` for a step without drafts (k = 0) and no drafts to propose: the common case."""
-        before = [r.num_computed_tokens for r in reqs]
-        samples = []
-        add_sample = samples.append
-        for r, n, c in zip(reqs, news, before):
-            c += n
-            if r.status is not _RUNNING or len(r.blocks) * bs < c:
-                self._bad_request(r, n)
-            r.num_computed_tokens = c
-            r.inflight_tokens += n
-            if c >= r.prompt_len + r.num_output_tokens + r.num_output_placeholders:
-                if placeholders:
-                    r.num_output_placeholders += 1
-                add_sample(True)
-            else:
-                add_sample(False)
-            if r.first_scheduled_time is None:
-                r.first_scheduled_time = now
+        Raises:
+            SchedulerContractError: a scheduled request is not running or lacks KV blocks for its tokens.
+        """
+        placeholders = self.async_scheduling
+        propose = self.acceptance.propose if placeholders and self.acceptance is not None else None
+        before, samples, bad = count_scheduled_tokens(reqs, news, spec, now, self.kv.block_size, placeholders,
+                                                      propose)
+        if bad >= 0:
+            self._bad_request(reqs[bad], news[bad])
         return before, samples
 
     def _bad_request(self, r: Request, n: int) -> None:
