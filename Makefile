@@ -19,7 +19,7 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py
 
 # The hot core (setup.py's HOT_CORE) compiled with mypyc, ~60 s: once after the install above, and again when one of
 # its sources changes (an editable install does not rebuild it; lab/core/native.py then runs the sources, and says so).
-$(NATIVE): $(STAMP) lab/core/request.py lab/core/batch.py lab/core/kv_cache.py lab/core/outputs.py lab/costmodel/roofline.py $(wildcard lab/engine/jump/*.py)
+$(NATIVE): $(STAMP) lab/core/request.py lab/core/batch.py lab/core/kv_cache.py lab/core/outputs.py lab/core/speculation.py lab/costmodel/roofline.py $(wildcard lab/engine/jump/*.py)
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(NATIVE)
 

@@ -19,7 +19,7 @@ import sys
 from setuptools import setup
 
 # The hot core, as file paths (kept equal to lab.core.native.COMPILED_MODULES; tests/test_compiled_core.py checks).
-HOT_CORE = ["lab/core/request.py", "lab/core/batch.py", "lab/core/kv_cache.py", "lab/core/outputs.py", "lab/costmodel/roofline.py",
+HOT_CORE = ["lab/core/request.py", "lab/core/batch.py", "lab/core/kv_cache.py", "lab/core/outputs.py", "lab/core/speculation.py", "lab/costmodel/roofline.py",
             "lab/engine/jump/base.py", "lab/engine/jump/pricing.py", "lab/engine/jump/blocks.py", "lab/engine/jump/admitting.py",
             "lab/engine/jump/arrivals.py", "lab/engine/jump/free_order.py", "lab/engine/jump/queue_walk.py", "lab/engine/jump/core.py", "lab/engine/jump/applying.py",
             "lab/engine/jump/decisions.py"]

@@ -101,6 +101,36 @@ def test_per_position_counts_and_the_seeded_stream_match_the_conditional_rates()
     assert 0.0 <= uniform(3, 5, 7) < 1.0 and uniform(3, 5, 7) != uniform(3, 5, 8)
 
 
+def test_acceptance_reads_each_draw_of_the_counter_stream_across_blocks_and_evictions():
+    # uniforms are computed a block at a time and kept for at most MAX_STREAM_BLOCKS requests: each verification
+    # must still read exactly uniform(seed, index, draw) for its draws, wherever a block starts or was dropped
+    from lab.core.speculation import MAX_STREAM_BLOCKS, STREAM_BLOCK
+
+    rates = (0.9, 0.8, 0.7, 0.6)
+    spec = Speculator(4, rates, seed=11)
+    reqs = [Request(i, 0.0, 4, 4) for i in range(MAX_STREAM_BLOCKS + 300)]
+    reqs[5].acceptance_rate = 0.5
+    reqs[7].spec_draws = STREAM_BLOCK - 2  # its first verification straddles a block's end
+    draws = {r.index: r.spec_draws for r in reqs}
+
+    def expected(r, k):
+        accepted, d = 0, draws[r.index]
+        while accepted < k:
+            d += 1
+            if uniform(11, r.index, d - 1) >= (r.acceptance_rate if r.acceptance_rate is not None else rates[accepted]):
+                break
+            accepted += 1
+        draws[r.index] = d
+        return accepted
+
+    order = reqs[:10] * 60 + reqs + reqs[:10] * 5  # the first ten go past a block, are evicted, come back
+    for step, r in enumerate(order):
+        k = 1 + step % 4
+        assert spec.num_accepted(r, k) == expected(r, k)
+        assert r.spec_draws == draws[r.index]
+    assert sum(spec.accepted_per_pos) == spec.num_accepted_tokens == sum(r.num_accepted_tokens for r in reqs)
+
+
 def test_lookahead_slots_are_allocated_for_the_drafter():
     # block size 4: a new request is admitted with its k = 3 lookahead slots (vLLM 0.33 effective_lookahead_tokens,
     # scheduler.py:1401-1406): its prefill of 8 tokens needs ceil(11 / 4) = 3 blocks; its first verify step

@@ -17,7 +17,7 @@ import sys
 from types import ModuleType
 
 # Kept equal to setup.py's HOT_CORE (tests/test_compiled_core.py checks).
-COMPILED_MODULES = ("lab.core.request", "lab.core.batch", "lab.core.kv_cache", "lab.core.outputs", "lab.costmodel.roofline",
+COMPILED_MODULES = ("lab.core.request", "lab.core.batch", "lab.core.kv_cache", "lab.core.outputs", "lab.core.speculation", "lab.costmodel.roofline",
                     "lab.engine.jump.base", "lab.engine.jump.pricing", "lab.engine.jump.blocks", "lab.engine.jump.admitting",
                     "lab.engine.jump.arrivals", "lab.engine.jump.free_order", "lab.engine.jump.queue_walk", "lab.engine.jump.core", "lab.engine.jump.applying",
                     "lab.engine.jump.decisions")
